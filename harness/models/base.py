@@ -1,0 +1,44 @@
+"""What every model adapter gives the harness.
+
+An adapter wraps one real transformers model and its real processor. It builds inputs, tags each
+input position with its modality, runs `generate` with a quantized KV cache on the text backbone
+only, and returns text plus the figures the results need.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from quant.cache import MODALITIES
+
+# Modality codes stored per KV position by the cache (quant.cache.QuantizedKVCache.set_modalities).
+__all__ = ["MODALITIES", "Prompt", "Generation", "ModelLoadError"]
+TEXT, IMAGE, VIDEO, AUDIO = range(4)
+
+
+@dataclass
+class Prompt:
+    """One request. Images are PIL images; audios are mono float32 arrays at 16 kHz."""
+
+    text: str
+    images: Sequence[Any] = ()
+    audios: Sequence[np.ndarray] = ()
+    system: str | None = None
+
+
+@dataclass
+class Generation:
+    """What one `generate` call produced and cost."""
+
+    text: str
+    input_tokens: int
+    new_tokens: int
+    modality_tokens: dict[str, int] = field(default_factory=dict)  # input positions per modality
+    kv_bytes: dict[str, Any] = field(default_factory=dict)  # cache.nbytes() after generation
+    wall_s: float = 0.0
+
+
+class ModelLoadError(RuntimeError):
+    """Weights or processor files could not be found or loaded; the message says how to fix it."""

@@ -1,0 +1,256 @@
+"""Code every multimodal adapter shares: offline weight lookup, processor assembly without a video
+stack, modality tagging from input ids, and the generate wrapper around a quantized KV cache.
+
+A family adapter (llava.py, qwen3_vl.py, qwen3_omni.py) subclasses `MultimodalAdapter` and supplies
+the model class, how a `Prompt` becomes processor inputs, which token ids mark which modality, and
+(for Qwen3-Omni) which sub-model generates.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.models.base import MODALITIES, TEXT, Generation, ModelLoadError, Prompt
+
+AUDIO_SAMPLE_RATE = 16_000
+
+
+# ----------------------------------------------------------------------------- weights, offline
+def resolve_weights(hub_id: str, model_path: str | None = None) -> str:
+    """Directory holding the weights of `hub_id`, found without any network access.
+
+    Order: `model_path`, then the MODEL_PATH environment variable, then a warm Hugging Face cache.
+    Raises ModelLoadError naming the hub id and the two ways to point at a copy.
+    """
+    path = model_path or os.environ.get("MODEL_PATH")
+    if path:
+        if not (Path(path) / "config.json").is_file():
+            raise ModelLoadError(
+                f"{path!r} holds no config.json, so it is not a copy of {hub_id}. Point MODEL_PATH "
+                f"(or --model-path) at the directory that contains config.json and the *.safetensors files."
+            )
+        return str(path)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(hub_id, local_files_only=True)
+    except Exception as err:  # LocalEntryNotFoundError, offline errors, a missing huggingface_hub
+        raise ModelLoadError(
+            f"weights for {hub_id} are not available offline ({type(err).__name__}). Either set "
+            f"MODEL_PATH=/path/to/a/local/copy (or pass --model-path), or warm the Hugging Face cache on "
+            f"a machine with network: `huggingface-cli download {hub_id}` (HF_HOME must point at that "
+            f"cache here)."
+        ) from err
+
+
+def load_adapter(name: str, **options):
+    """`harness.models.load`, plus the tiny-* replicas (harness.models.tiny) until the registry lists them."""
+    from harness.models import MODELS, load
+
+    if name not in MODELS:
+        from harness.models import tiny
+
+        if name in tiny.TINY_MODELS:
+            return tiny.build(name, device=options.get("device"), dtype=options.get("dtype"))
+    return load(name, **options)
+
+
+def load_kwargs(dtype: Any = None, device_map: Any = None) -> dict[str, Any]:
+    """from_pretrained keywords: dtype ("bfloat16", torch.bfloat16, "auto", None) and device_map
+    ("auto" spreads a large model over every visible GPU through accelerate)."""
+    kwargs: dict[str, Any] = {"dtype": parse_dtype(dtype) if dtype is not None else "auto"}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    return kwargs
+
+
+def parse_dtype(dtype: Any):
+    """"bf16"/"bfloat16"/"fp16"/"float32"/"auto" or a torch.dtype -> what from_pretrained accepts."""
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+             "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)} or 'auto'")
+    return names[dtype]
+
+
+def build_processor(processor_cls, path: str, **parts):
+    """The model's real processor. `AutoProcessor`-style loading builds a video processor, and those
+    need torchvision, which cannot be installed on our CPU machines; when that import fails we build
+    the processor from its parts (tokenizer, image processor, feature extractor) without video.
+
+    parts: attribute name -> class with `from_pretrained`, e.g. image_processor=Qwen2VLImageProcessorPil.
+    """
+    try:
+        return processor_cls.from_pretrained(path)
+    except ImportError:
+        from transformers import AutoTokenizer
+
+        loaded = {name: cls.from_pretrained(path) for name, cls in parts.items()}
+        loaded["tokenizer"] = AutoTokenizer.from_pretrained(path)
+        if "video_processor" in processor_cls.get_attributes():
+            processor_cls = without_video(processor_cls)
+            loaded["video_processor"] = None
+        return processor_cls(**loaded, chat_template=chat_template(path, loaded["tokenizer"]))
+
+
+def chat_template(path: str, tokenizer) -> str | None:
+    """The processor's chat template: chat_template.jinja, else chat_template.json, else the tokenizer's."""
+    import json
+
+    jinja, js = Path(path) / "chat_template.jinja", Path(path) / "chat_template.json"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    if js.is_file():
+        return json.loads(js.read_text(encoding="utf-8"))["chat_template"]
+    return getattr(tokenizer, "chat_template", None)
+
+
+def without_video(processor_cls):
+    """A subclass of `processor_cls` that accepts `video_processor=None` (images/audio still work;
+    asking it for video raises in the processor). The constructor is inherited unchanged: transformers
+    reads the processor's parts from its signature."""
+
+    class NoVideo(processor_cls):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    NoVideo.__name__ = NoVideo.__qualname__ = f"{processor_cls.__name__}NoVideo"
+    return NoVideo
+
+
+# ----------------------------------------------------------------------------- modality tags
+def modality_tags(input_ids: torch.Tensor, token_modality: dict[int, int]) -> torch.Tensor:
+    """Modality code per position (0 text, 1 image, 2 video, 3 audio; see base.MODALITIES).
+
+    input_ids: LongTensor [B, S]; token_modality: placeholder token id -> modality code.
+    Returns LongTensor [B, S]; every id not in the map (text, specials, bos/eos markers) is text.
+    """
+    tags = torch.full_like(input_ids, TEXT)
+    for token_id, code in token_modality.items():
+        tags[input_ids == token_id] = code
+    return tags
+
+
+def count_modalities(tags: torch.Tensor) -> dict[str, int]:
+    """{"text": n, "image": n, ...} over all positions of tags [B, S]; zero counts are dropped."""
+    counts = torch.bincount(tags.flatten().cpu(), minlength=len(MODALITIES))
+    return {name: int(n) for name, n in zip(MODALITIES, counts.tolist()) if n}
+
+
+def load_audio(audio: Any) -> "Any":
+    """A mono float32 waveform at 16 kHz: arrays pass through (they must already be mono 16 kHz, as
+    `Prompt.audios` says); a path is decoded and resampled with librosa (qwen-omni-utils' rule)."""
+    import numpy as np
+
+    if isinstance(audio, (str, os.PathLike)):
+        import librosa
+
+        wav, _ = librosa.load(str(audio), sr=AUDIO_SAMPLE_RATE, mono=True)
+        return wav.astype(np.float32)
+    wav = np.asarray(audio, dtype=np.float32)
+    if wav.ndim != 1:
+        raise ValueError(f"audio must be mono (1-D) at 16 kHz, got shape {wav.shape}; average the channels first")
+    return wav
+
+
+# ----------------------------------------------------------------------------- the adapter
+class MultimodalAdapter:
+    """Shared body of the family adapters. Subclasses set `model_class`, `processor_class`,
+    `processor_parts` and implement `build_inputs(prompt) -> BatchFeature` and `token_modality()`."""
+
+    model_class: Any = None
+    processor_class: Any = None
+    processor_parts: dict[str, Any] = {}
+    load_options: dict[str, Any] = {}  # extra from_pretrained keywords (config overrides)
+
+    def __init__(self, spec, model, processor, device=None):
+        self.spec = spec
+        self.model = model.eval()
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+
+    @classmethod
+    def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None):
+        """Weights from `model_path` / MODEL_PATH / a warm HF cache; see resolve_weights."""
+        path = resolve_weights(spec.hub_id, model_path)
+        try:
+            processor = build_processor(cls.processor_class, path, **cls.processor_parts)
+            model = cls.model_class.from_pretrained(path, **load_kwargs(dtype, device_map), **cls.load_options)
+        except (OSError, ValueError) as err:
+            raise ModelLoadError(f"could not load {spec.hub_id} from {path}: {err}") from err
+        if device is not None and device_map is None:
+            model = model.to(device)
+        return cls(spec, model, processor, device=device)
+
+    # --- what families provide
+    def build_inputs(self, prompt: Prompt):
+        raise NotImplementedError
+
+    def token_modality(self) -> dict[int, int]:
+        raise NotImplementedError
+
+    @property
+    def generator(self):
+        """The module whose `generate` runs the text backbone (Qwen3-Omni: the thinker)."""
+        return self.model
+
+    @property
+    def text_config(self):
+        return self.generator.config.get_text_config()
+
+    # --- shared behaviour
+    def messages(self, prompt: Prompt) -> list[dict[str, Any]]:
+        """Chat messages in the processors' content-list format; media come before the question."""
+        content = [{"type": "image"} for _ in prompt.images] + [{"type": "audio"} for _ in prompt.audios]
+        content.append({"type": "text", "text": prompt.text})
+        msgs = [{"role": "system", "content": [{"type": "text", "text": prompt.system}]}] if prompt.system else []
+        return msgs + [{"role": "user", "content": content}]
+
+    def chat_text(self, prompt: Prompt) -> str:
+        return self.processor.apply_chat_template(self.messages(prompt), add_generation_prompt=True, tokenize=False)
+
+    def tags(self, inputs) -> torch.Tensor:
+        return modality_tags(inputs["input_ids"], self.token_modality())
+
+    def make_cache(self, method, inputs):
+        """A quantized cache for `method` with every prompt position's modality set (None = the
+        model's default DynamicCache, used as the reference)."""
+        if method is None:
+            return None
+        import quant
+
+        cache = quant.make_cache(method, self.generator, config=self.text_config, tokenizer=self.tokenizer)
+        cache.set_modalities(self.tags(inputs).to(self.device))
+        return cache
+
+    def generate_ids(self, inputs, cache, max_new_tokens: int, **kwargs) -> torch.Tensor:
+        """Greedy generation; returns only the new token ids, LongTensor [B, new]."""
+        with torch.inference_mode():
+            out = self.generator.generate(**inputs, past_key_values=cache, max_new_tokens=max_new_tokens,
+                                          do_sample=False, **kwargs)
+        return out[:, inputs["input_ids"].shape[1]:]
+
+    def generate(self, prompt: Prompt, method, max_new_tokens: int = 128) -> Generation:
+        """Answer one prompt with `method`'s quantized cache on the text backbone (None: default cache)."""
+        start = time.perf_counter()
+        inputs = self.build_inputs(prompt).to(device=self.device, dtype=self.model.dtype)
+        cache = self.make_cache(method, inputs)
+        new = self.generate_ids(inputs, cache, max_new_tokens)
+        text = self.tokenizer.decode(new[0], skip_special_tokens=True)
+        return Generation(
+            text=text.strip(),
+            input_tokens=int(inputs["input_ids"].shape[1]),
+            new_tokens=int(new.shape[1]),
+            modality_tokens=count_modalities(self.tags(inputs)),
+            kv_bytes=cache.nbytes() if cache is not None else {},
+            wall_s=time.perf_counter() - start,
+        )

@@ -1,0 +1,229 @@
+"""The leaderboard as one static HTML page: tables plus matplotlib plots embedded as PNG data URIs
+(no CDN, no network, opens from disk).
+
+Per (task, data, model) group: the runs table; the primary metric against bits per element and
+against KV memory per item with the Pareto front (runs no other run beats on both axes); per-category
+bars. Then the paper's published numbers in their own hatched plots and tables, labelled published,
+and the `make bench` speed rows. A script on load writes how many plots decoded into
+<body data-plots-rendered>, which the headless-browser test reads.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+from harness import leaderboard as L
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1em;font-size:14px}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
+td:first-child,th:first-child{text-align:left}
+section{margin-bottom:2.5em}img.plot{max-width:100%;border:1px solid #eee}
+.badge{display:inline-block;padding:1px 8px;border-radius:4px;font-size:12px;font-weight:600;color:#fff}
+.measured-badge{background:#2a7}.published-badge{background:#c60}.replica-badge{background:#777}
+section.published{background:#fff8ef;border-left:4px solid #c60;padding:.5em 1em}
+"""
+ONLOAD = ("<script>window.addEventListener('load',function(){var n=0;"
+          "document.querySelectorAll('img.plot').forEach(function(i){if(i.complete&&i.naturalWidth>0)n++;});"
+          "document.body.setAttribute('data-plots-rendered',String(n));});</script>")
+
+
+def png(fig) -> str:
+    """A matplotlib figure as a data URI (the figure is closed)."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def pareto(points: list[tuple[float, float]], higher_is_better: bool) -> list[int]:
+    """Indices of points no other point beats: x (cost) no larger and y (quality) no worse, one strictly."""
+    def better_or_equal(q, p):
+        return q[0] <= p[0] and (q[1] >= p[1] if higher_is_better else q[1] <= p[1])
+
+    return [i for i, p in enumerate(points)
+            if not any(better_or_equal(q, p) and q != p for j, q in enumerate(points) if j != i)]
+
+
+def tradeoff_plot(runs: list[dict[str, Any]], title: str) -> str | None:
+    """Primary metric vs bits/element (left) and vs mean KV bytes per item (right), Pareto front drawn."""
+    import matplotlib.pyplot as plt
+
+    metric = runs[0]["primary_metric"]
+    hib = runs[0]["metrics"][metric]["higher_is_better"]
+    axes_def = [("bits per element", lambda r: r["system"]["bits_per_element"]),
+                ("KV KiB per item", lambda r: (r["system"]["kv_bytes"]["total"] or 0) / 1024 or None)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    drawn = 0
+    for ax, (xlabel, getx) in zip(axes, axes_def):
+        pts = [(getx(r), r["metrics"][metric]["value"], r["method"]["name"]) for r in runs]
+        pts = [p for p in pts if p[0] is not None and p[1] is not None]
+        if not pts:
+            ax.text(0.5, 0.5, f"no {xlabel} recorded", ha="center", transform=ax.transAxes)
+            continue
+        front = sorted((pts[i] for i in pareto([(x, y) for x, y, _ in pts], hib)), key=lambda p: p[0])
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="#48c", zorder=3)
+        ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="#d52", label="Pareto front", zorder=2)
+        for x, y, name in pts:
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set(xlabel=xlabel, ylabel=f"{metric} ({'higher' if hib else 'lower'} is better)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        drawn += 1
+    fig.suptitle(title, fontsize=10)
+    return png(fig) if drawn else _discard(fig)
+
+
+def category_plot(runs: list[dict[str, Any]], title: str) -> str | None:
+    """Grouped bars: one group per category, one bar per method, the primary metric (or first metric)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cats = sorted({c for r in runs for c in r["categories"]})
+    if not cats:
+        return None
+    metric = runs[0]["primary_metric"]
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    width = 0.8 / len(runs)
+    for k, r in enumerate(runs):
+        vals = []
+        for c in cats:
+            cm = r["categories"].get(c, {}).get("metrics", {})
+            vals.append(cm.get(metric, next(iter(cm.values()), None)) if cm else None)
+        ax.bar(np.arange(len(cats)) + k * width, [np.nan if v is None else v for v in vals], width, label=r["method"]["name"])
+    ax.set_xticks(np.arange(len(cats)) + 0.4 - width / 2, [c[:22] for c in cats], rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel=metric, title=f"{title}: per category")
+    ax.legend(fontsize=7, ncol=min(len(runs), 5))
+    ax.grid(axis="y", alpha=0.3)
+    return png(fig)
+
+
+def published_plot(bench: dict[str, Any]) -> str:
+    """Hatched grouped bars of one published benchmark (rows = model or model/submetric)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows, methods = bench["rows"], bench["methods"]
+    labels = [r["model"] + (f" {r['submetric']}" if "submetric" in r else "") for r in rows]
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    width = 0.8 / len(methods)
+    for k, m in enumerate(methods):
+        vals = [r["values"].get(m, np.nan) for r in rows]
+        ax.bar(np.arange(len(rows)) + k * width, vals, width, hatch="//", edgecolor="white",
+               label=bench.get("method_labels", {}).get(m, m))
+    ax.set_xticks(np.arange(len(rows)) + 0.4 - width / 2, labels, fontsize=8)
+    ax.set(title=f"PUBLISHED (paper, not measured here): {bench['task']} — {bench['metric']}")
+    ax.set_ylim(0, 1.2 * max(v for r in rows for v in r["values"].values()))  # room for the legend
+    ax.legend(fontsize=7, ncol=len(methods), loc="upper center")
+    ax.grid(axis="y", alpha=0.3)
+    return png(fig)
+
+
+def speed_plot(rows: list[dict[str, Any]]) -> str | None:
+    """Time vs context per variant, when bench rows carry (variant|name, context, time_us|median_us)."""
+    import matplotlib.pyplot as plt
+
+    def get(row, *keys):
+        return next((row[k] for k in keys if k in row), None)
+
+    series: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        name, ctx, t = get(row, "variant", "name", "method"), get(row, "context", "seq_len"), get(row, "time_us", "median_us")
+        if name is not None and isinstance(ctx, (int, float)) and isinstance(t, (int, float)):
+            label = f"{name} b{row['batch']}" if "batch" in row else str(name)
+            series.setdefault(label, []).append((ctx, t))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    for label, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="time (us)", title="make bench: decode attention")
+    ax.legend(fontsize=7, ncol=3)
+    ax.grid(alpha=0.3)
+    return png(fig)
+
+
+def _discard(fig) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return None
+
+
+# ---------------------------------------------------------------- HTML
+
+
+def table(header: list[str], rows: list[list[str]], cls: str, row_attrs: list[str] | None = None) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in header)
+    body = "".join(f"<tr{(' ' + attrs) if attrs else ''}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
+                   for row, attrs in zip(rows, row_attrs or [""] * len(rows)))
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def figure(uri: str | None, caption: str) -> str:
+    if uri is None:
+        return ""
+    return f'<figure><img class="plot" alt="{html.escape(caption)}" src="{uri}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+
+
+def group_section(key, runs) -> str:
+    title = L.group_title(key, runs)
+    ref = L.reference_run(runs)
+    rows = [L.run_row(r, ref) for r in runs]
+    header = list(rows[0])
+    header[1] = L.metric_header(runs)
+    attrs = [f'data-run="{html.escape(r["_path"])}"' for r in runs]
+    badge = '<span class="badge replica-badge">replica</span> ' if any(r["model"]["replica"] for r in runs) else ""
+    parts = [f'<section class="measured"><h2><span class="badge measured-badge">measured</span> {badge}{html.escape(title)}</h2>',
+             table(header, [list(r.values()) for r in rows], "runs", attrs),
+             figure(tradeoff_plot(runs, title), f"{title}: quality vs bits per element and vs KV memory"),
+             figure(category_plot(runs, title), f"{title}: per-category scores"), "</section>"]
+    return "\n".join(parts)
+
+
+def published_section(paper: dict[str, Any]) -> str:
+    parts = ['<section class="published"><h2><span class="badge published-badge">published</span> '
+             f"Paper numbers — not measured here</h2><p>Source: {html.escape(paper['source'])}.</p>"]
+    for bench, (title, header, rows) in zip(paper.get("benchmarks", []), L.paper_tables(paper)):
+        parts += [f"<h3>{html.escape(title)}</h3>", table(header, rows, "published"),
+                  figure(published_plot(bench), title)]
+    return "\n".join(parts + ["</section>"])
+
+
+def speed_section(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ('<section class="speed"><h2>Speed</h2><p>No <code>make bench</code> results under '
+                "results/bench/ yet.</p></section>")
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if not k.startswith("_")]
+    cells = [[L.fmt(r.get(k)) if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys] for r in rows]
+    return "\n".join(['<section class="speed"><h2>Speed (make bench)</h2>',
+                      figure(speed_plot(rows), "decode attention time vs context"), table(keys, cells, "bench"), "</section>"])
+
+
+def render(groups, paper, bench_rows, n_files: int) -> str:
+    body = [f"<h1>oscar-eval leaderboard</h1><p>Built by <code>make leaderboard</code> from {n_files} result files "
+            "under results/runs/. Measured rows and the paper's published numbers are kept in separate sections. "
+            "Replica rows ran tiny random-weight models: they show the pipeline, not model quality.</p>"]
+    body += [group_section(key, runs) for key, runs in groups.items()]
+    if paper:
+        body.append(published_section(paper))
+    body.append(speed_section(bench_rows))
+    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>oscar-eval leaderboard</title>"
+            f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + f"\n{ONLOAD}</body></html>\n")
+
+
+def write(path: Path, groups, paper, bench_rows, n_files: int) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on CI machines
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(groups, paper, bench_rows, n_files), encoding="utf-8")
+    return path

@@ -1,0 +1,415 @@
+"""Result files: the JSON Schema, validation on write and read, predictable paths, resume, migration.
+
+Layout (relative to the repository root, all predictable from the run's names):
+    results/runs/<task>[.<data>]/<model>/<method>.json          final result (schema: results/schema.json)
+    results/runs/<task>[.<data>]/<model>/<method>.partial.jsonl progress while running (git-ignored)
+`<data>` is omitted for the official data and is `generated` or `custom` otherwise, so runs on the
+project's small generated sets never overwrite runs on the real benchmark.
+
+The progress file is JSON lines: first {"header": identity}, then one {"record": ...} per finished item,
+each flushed and fsync'ed, so a crash loses at most the item in flight. A rerun with the same identity
+skips the recorded ids; a different identity is refused (the message names the fields that differ).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import jsonschema
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCHEMA_PATH = REPO_ROOT / "results" / "schema.json"
+SCHEMA_VERSION = 1
+RUNS_DIR = Path("results") / "runs"
+# Metrics where smaller is better; a task may add names with a `lower_is_better` attribute.
+LOWER_IS_BETTER = frozenset({"ppl", "perplexity", "nll", "loss", "wer", "cer", "bpb", "error_rate"})
+
+
+class ResultFileError(ValueError):
+    """A result or progress file is invalid, from another schema version, or from another run."""
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    with open(SCHEMA_PATH, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def validate(result: dict[str, Any], where: str = "result") -> None:
+    """Raise ResultFileError naming the first offending field (as a JSON path) and the rule it breaks."""
+    validator = jsonschema.Draft202012Validator(schema(), format_checker=jsonschema.FormatChecker())
+    errors = sorted(validator.iter_errors(result), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        field = "$" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ResultFileError(f"{where}: {field}: {err.message}{more}; see {SCHEMA_PATH.name} in results/")
+
+
+def higher_is_better(metric: str, task: Any = None) -> bool:
+    lower = set(LOWER_IS_BETTER) | set(getattr(task, "lower_is_better", ()) or ())
+    return metric.lower() not in lower
+
+
+def data_kind(data: str | None) -> str:
+    """'official' for the benchmark's own data, 'generated' for the project's set, else 'custom'."""
+    if data is None or data == "official":
+        return "official"
+    return "generated" if data == "generated" else "custom"
+
+
+def task_dir(task_name: str, data: str | None) -> str:
+    kind = data_kind(data)
+    return task_name if kind == "official" else f"{task_name}.{kind}"
+
+
+def run_path(task_name: str, data: str | None, model: str, method: str, root: Path | str = RUNS_DIR) -> Path:
+    for label, value in (("task", task_name), ("model", model), ("method", method)):
+        if not value or "/" in value or value.startswith("."):
+            raise ValueError(f"{label} name {value!r} cannot be used in a result path (no '/', no leading '.')")
+    return Path(root) / task_dir(task_name, data) / model / f"{method}.json"
+
+
+def progress_path(result_path: Path | str) -> Path:
+    p = Path(result_path)
+    return p.with_name(p.name[: -len(".json")] + ".partial.jsonl" if p.name.endswith(".json") else p.name + ".partial.jsonl")
+
+
+# ---------------------------------------------------------------- writing and reading final results
+
+
+def write_result(result: dict[str, Any], path: Path | str) -> Path:
+    """Validate, then write atomically (temp file + rename) so readers never see half a file."""
+    path = Path(path)
+    validate(result, where=str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1, sort_keys=False, allow_nan=False)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+# Migrations from schema version v to v + 1: {v: function(result) -> result}. None exist yet: version 1
+# is the first published schema. A file older than the oldest migration is refused.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+def migrate(result: dict[str, Any], where: str = "result") -> dict[str, Any]:
+    """Bring a result to SCHEMA_VERSION through MIGRATIONS, or raise a message saying what to do."""
+    version = result.get("schema_version") if isinstance(result, dict) else None
+    if not isinstance(version, int):
+        raise ResultFileError(f"{where}: not an oscar-eval result file (no integer 'schema_version')")
+    if version > SCHEMA_VERSION:
+        raise ResultFileError(
+            f"{where}: written with result schema v{version}, this oscar-eval reads up to v{SCHEMA_VERSION}; "
+            "upgrade oscar-eval (git pull; pip install -e .) to read it"
+        )
+    while version < SCHEMA_VERSION:
+        if version not in MIGRATIONS:
+            raise ResultFileError(
+                f"{where}: result schema v{version} has no migration to v{SCHEMA_VERSION}; "
+                "rerun the evaluation (oscar-eval eval ...) to write a current file"
+            )
+        result = MIGRATIONS[version](result)
+        version += 1
+        result["schema_version"] = version
+    return result
+
+
+def read_result(path: Path | str) -> dict[str, Any]:
+    """Load, migrate and validate one result file."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+    except FileNotFoundError:
+        raise ResultFileError(f"{path}: no such result file") from None
+    except json.JSONDecodeError as e:
+        raise ResultFileError(f"{path}: not valid JSON ({e})") from None
+    result = migrate(result, where=str(path))
+    validate(result, where=str(path))
+    return result
+
+
+def find_results(root: Path | str = RUNS_DIR) -> list[Path]:
+    """Every final result file under root, sorted (progress and temp files excluded)."""
+    root = Path(root)
+    if not root.exists():
+        return []
+    return sorted(p for p in root.rglob("*.json") if p.is_file())
+
+
+# ---------------------------------------------------------------- progress files (resume)
+
+
+def _append_line(path: Path, obj: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(obj, allow_nan=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _identity_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    keys = sorted(set(old) | set(new))
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+class Progress:
+    """The records of one run so far; `add` appends and syncs one record."""
+
+    def __init__(self, path: Path, identity: dict[str, Any], records: list[dict[str, Any]]):
+        self.path, self.identity, self.records = path, identity, records
+
+    @property
+    def done_ids(self) -> set[str]:
+        return {str(r["id"]) for r in self.records}
+
+    def add(self, record: dict[str, Any]) -> None:
+        _append_line(self.path, {"record": record})
+        self.records.append(record)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def open_progress(path: Path | str, identity: dict[str, Any], restart: bool = False) -> Progress:
+    """Open (resume) or create a progress file for a run with this identity."""
+    path = Path(path)
+    if restart:
+        path.unlink(missing_ok=True)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _append_line(path, {"header": identity})
+        return Progress(path, identity, [])
+    header, records = _read_progress(path)
+    diff = _identity_diff(header, identity)
+    if diff:
+        raise ResultFileError(
+            f"{path}: an unfinished run with different settings is recorded here ({'; '.join(diff)}); "
+            "rerun with --restart to discard it, or --out to write elsewhere"
+        )
+    return Progress(path, identity, records)
+
+
+def _read_progress(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    objs = []
+    for i, line in enumerate(lines):
+        try:
+            objs.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # the write in flight when the process died: that item reruns
+                break
+            raise ResultFileError(f"{path}: line {i + 1} is not JSON; delete the file or rerun with --restart") from None
+    if not objs or "header" not in objs[0]:
+        raise ResultFileError(f"{path}: no header line; delete the file or rerun with --restart")
+    by_id: dict[str, dict[str, Any]] = {}
+    for obj in objs[1:]:
+        by_id[str(obj["record"]["id"])] = obj["record"]  # a repeated id (rerun after error) keeps the last
+    return objs[0]["header"], list(by_id.values())
+
+
+def records_in_order(records: Iterable[dict[str, Any]], ids: list[str]) -> list[dict[str, Any]]:
+    """Records sorted into the task's item order (resumed runs append out of order)."""
+    by_id = {str(r["id"]): r for r in records}
+    return [by_id[i] for i in ids if i in by_id]
+
+
+# ---------------------------------------------------------------- what a result records about its run
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON types: numpy/torch scalars -> Python numbers, NaN/inf -> None, tuples -> lists,
+    anything else unknown (dtypes, paths) -> its string."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "tolist"):  # numpy / torch scalars and arrays
+        return jsonable(obj.tolist())
+    return str(obj)
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(jsonable(x), (int, float)) and not isinstance(jsonable(x), bool)
+
+
+def number(x: Any) -> float | None:
+    """A finite float, or None for missing / NaN / non-numeric values."""
+    x = jsonable(x)
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def weight_hash(model: Any, sample: int = 4096) -> str:
+    """sha256 over each parameter's name, shape, dtype and `sample` evenly strided elements (as fp32).
+
+    A sample, not every byte: hashing all 16 GB of an 8B model would cost longer than many runs;
+    any retraining, re-quantization or different random init changes the sampled values.
+    """
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in sorted(model.state_dict().items()):
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // sample)
+            h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|".encode())
+            h.update(flat[::step][:sample].to(torch.float32).cpu().numpy().tobytes())
+    return "sha256-sampled:" + h.hexdigest()
+
+
+def model_info(adapter: Any) -> dict[str, Any]:
+    spec = adapter.spec
+    config = getattr(adapter.model, "config", None)
+    return {
+        "name": spec.name,
+        "hub_id": spec.hub_id,
+        "family": spec.family,
+        "revision": getattr(config, "_commit_hash", None),
+        "weight_hash": weight_hash(adapter.model),
+        # Replicas are registered as "tiny-<family>" (harness/models/tiny.py) or flag themselves.
+        "replica": bool(getattr(adapter, "replica", False) or getattr(spec, "replica", False)
+                        or spec.name.startswith("tiny-")),
+    }
+
+
+def notes(model: dict[str, Any], data: str | None) -> list[str]:
+    out = []
+    if model["replica"]:
+        out.append("tiny random-weight replica: shows the pipeline works, not model quality")
+    if data_kind(data) == "generated":
+        out.append("the project's generated test set in the benchmark's schema, not the benchmark's data")
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def kv_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean measured cache bytes per item (total, quantized, full precision, per modality) and the largest."""
+    kvs = [r["kv_bytes"] for r in records if isinstance(r.get("kv_bytes"), dict) and r["kv_bytes"]]
+    out: dict[str, Any] = {k: _mean([number(kv.get(k)) for kv in kvs if number(kv.get(k)) is not None])
+                           for k in ("total", "quantized", "full_precision")}
+    totals = [number(kv.get("total")) for kv in kvs if number(kv.get("total")) is not None]
+    out["max_total"] = max(totals) if totals else None
+    per_mod: dict[str, list[float]] = {}
+    for kv in kvs:
+        for mod, n in (kv.get("per_modality") or {}).items():
+            if number(n) is not None:
+                per_mod.setdefault(mod, []).append(number(n))
+    out["per_modality"] = {mod: _mean(v) for mod, v in per_mod.items()}
+    return out
+
+
+def _tokens(record: dict[str, Any]) -> tuple[int, int]:
+    """(tokens processed, tokens generated) of one record: input positions (input_tokens, else the sum
+    of modality_tokens, else scored n_tokens) plus generated ones."""
+    new = int(record.get("new_tokens") or 0)
+    if "input_tokens" in record:
+        return int(record["input_tokens"]) + new, new
+    if record.get("modality_tokens"):
+        return sum(int(n) for n in record["modality_tokens"].values()) + new, new
+    return int(number((record.get("scores") or {}).get("n_tokens")) or 0) + new, new
+
+
+def system_figures(records: list[dict[str, Any]], adapter: Any) -> dict[str, Any]:
+    """KV bytes, bits per element, wall time, throughput, peak memory, device (schema: system)."""
+    loop = sum(number(r.get("loop_s")) or 0.0 for r in records)
+    wall = sum(number(r.get("wall_s")) or 0.0 for r in records)
+    processed, generated = (sum(t) for t in zip(*(_tokens(r) for r in records))) if records else (0, 0)
+    bpe = [number(r.get("bits_per_element", (r.get("kv_bytes") or {}).get("bits_per_element"))) for r in records]
+    bpe = [b for b in bpe if b is not None]
+    return {
+        "kv_bytes": kv_summary(records),
+        "bits_per_element": _mean(bpe),
+        "wall_s": loop,
+        "tokens_per_s": processed / wall if processed and wall > 0 else None,
+        "new_tokens_per_s": generated / wall if generated and wall > 0 else None,
+        "peak_memory": peak_memory(),
+        "device": str(getattr(adapter, "device", None) or next(adapter.model.parameters()).device),
+    }
+
+
+def reset_peak_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory() -> dict[str, int | None]:
+    """Peak resident set of this process (model load included: Linux reports it in KiB) and the CUDA
+    allocator's peak since the method started (reset_peak_memory), None without a GPU."""
+    import resource
+
+    import torch
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    cuda = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return {"cpu_rss_bytes": int(rss), "cuda_bytes": cuda}
+
+
+PACKAGES = ("oscar-eval", "torch", "transformers", "triton", "accelerate", "numpy", "gguf", "librosa", "jsonschema")
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    commit, dirty = git_state()
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_name(),
+            "gpu": gpu, "packages": versions, "git_commit": commit, "git_dirty": dirty}
+
+
+def cpu_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def git_state() -> tuple[str | None, bool | None]:
+    """(HEAD commit, tracked files modified?) of the checkout holding this code; (None, None) outside git."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10)
+
+    try:
+        head = git("rev-parse", "--verify", "HEAD")
+        if head.returncode != 0:
+            return None, None
+        status = git("status", "--porcelain", "--untracked-files=no")
+        return head.stdout.strip(), bool(status.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None

@@ -1,0 +1,269 @@
+"""`oscar-eval eval`: run a task on a model with one or more KV-cache methods and write result files.
+
+    oscar-eval eval --model smollm2-135m --quant all [--task ppl] [--limit 20]
+
+The model loads once; each method then runs every item (skipping items a crashed run already
+recorded, see harness/results.py), aggregates with the task's own `aggregate`, adds bootstrap
+intervals (harness/stats.py), system figures and the environment, and writes one validated result
+per method. A summary table closes the run.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import results as R
+from harness import stats
+
+# Counts some tasks return among their metrics; the result has them as n_items / n_errors instead.
+COUNT_KEYS = frozenset({"n", "n_items", "n_errors", "failed", "windows", "tokens"})
+DEFAULT_OUT = str(R.RUNS_DIR / "{task}" / "{model}" / "{method}.json")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="registered model name (oscar-eval list models)")
+    p.add_argument("--quant", required=True, help="method preset, comma-separated presets, or 'all'")
+    p.add_argument("--task", default=None, help="task name; default: the model's default task")
+    p.add_argument("--limit", type=int, default=None, help="first N items only")
+    p.add_argument("--data", default=None, help="None: official data; 'generated': the project's small set; or a path")
+    p.add_argument("--model-path", default=None, help="local weights directory (else MODEL_PATH / HF cache)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="bf16 | fp16 | fp32 | auto")
+    p.add_argument("--device-map", default=None, help="e.g. 'auto' to spread a large model over GPUs")
+    p.add_argument("--quant-opts", default=None, help="method field overrides, e.g. 'group_size=64,residual_length=256'")
+    p.add_argument("--backend", default=None, help="attention backend: torch | triton | cuda (default: the method's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=DEFAULT_OUT, help="result path template with {task} {model} {method}")
+    p.add_argument("--restart", action="store_true", help="discard an unfinished run's progress file")
+    p.add_argument("--force", action="store_true", help="rerun even when an up-to-date result exists")
+    p.add_argument("--resamples", type=int, default=stats.DEFAULT_RESAMPLES, help="bootstrap resamples for intervals")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        done = evaluate(
+            model=args.model, quant=args.quant, task=args.task, limit=args.limit, data=args.data,
+            model_path=args.model_path, device=args.device, dtype=args.dtype, device_map=args.device_map,
+            backend=args.backend, quant_opts=args.quant_opts, seed=args.seed, out=args.out, restart=args.restart, force=args.force,
+            n_resamples=args.resamples,
+        )
+    except (KeyError, ValueError, RuntimeError, OSError) as err:  # bad names, missing data/weights, bad files
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"oscar-eval eval: error: {message}", file=sys.stderr)
+        return 2
+    print(summary_table(done))
+    return 0
+
+
+def resolve(model: str, quant: str, task: str | None, backend: str | None, quant_opts: str | None = None):
+    """Check every name before anything heavy loads; unknown names raise KeyError listing valid ones."""
+    import quant as Q
+    import tasks as T
+    from harness import models as M
+
+    spec = M.get_spec(model)
+    names = Q.list_methods() if quant == "all" else [q.strip() for q in quant.split(",") if q.strip()]
+    if not names:
+        raise ValueError("--quant is empty; give a method preset, a comma-separated list, or 'all'")
+    overrides = Q.parse_overrides(quant_opts)
+    if backend:
+        overrides["backend"] = backend
+    try:
+        methods = [Q.get_method(name, **overrides) for name in names]
+    except TypeError as err:
+        raise ValueError(f"--backend {backend!r} cannot be applied: {err}") from err
+    # A Task object (tests, notebooks: e.g. PerplexityTask(context=64)) is used as given.
+    task_obj = T.get_task(task or spec.default_task) if task is None or isinstance(task, str) else task
+    return spec, methods, task_obj
+
+
+def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None, data: str | None = None,
+             model_path: str | None = None, device: str | None = None, dtype: str | None = None,
+             device_map: str | None = None, backend: str | None = None, quant_opts: str | None = None, seed: int = 0, out: str = DEFAULT_OUT,
+             restart: bool = False, force: bool = False, n_resamples: int = stats.DEFAULT_RESAMPLES,
+             adapter: Any = None) -> list[dict[str, Any]]:
+    """Run `task` on `model` for each method of `quant`; return the written results (one per method).
+
+    `adapter` lets a caller that already holds a loaded adapter (tests, notebooks) skip loading.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be a positive number of items, got {limit}")
+    spec, methods, task_obj = resolve(model, quant, task, backend, quant_opts)
+    items = task_obj.load(data, limit)
+    if not items:
+        raise ValueError(f"task {task_obj.name} loaded no items (data={data!r}, limit={limit})")
+    if adapter is None:
+        from harness import models as M
+
+        adapter = M.load(spec.name, model_path=model_path, device=device, dtype=dtype, device_map=device_map)
+    model_info = R.model_info(adapter)
+    fingerprint = task_obj.data_fingerprint(items)
+    written = []
+    for method in methods:
+        path = Path(out.format(task=R.task_dir(task_obj.name, data), model=spec.name, method=method.name))
+        ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend)
+        written.append(run_method(ctx, adapter, path, restart, force, n_resamples))
+    return written
+
+
+class RunContext:
+    """Everything that identifies one (model, method, task, data, seed) run."""
+
+    def __init__(self, model, model_info, method, task, items, data, limit, fingerprint, seed, backend):
+        self.model, self.model_info, self.method, self.task = model, model_info, method, task
+        self.items, self.data, self.limit, self.fingerprint, self.seed = items, data, limit, fingerprint, seed
+        self.backend = backend or getattr(method, "backend", None) or "torch"
+
+    def identity(self) -> dict[str, Any]:
+        """What must match for recorded items to be reused (the limit may change between sessions)."""
+        return {
+            "model": self.model, "weight_hash": self.model_info["weight_hash"], "method": R.jsonable(self.method.to_dict()),
+            "task": self.task.name, "task_version": int(self.task.version), "data": self.data,
+            "seed": self.seed, "backend": self.backend,
+        }
+
+
+def run_method(ctx: RunContext, adapter, path: Path, restart: bool, force: bool, n_resamples: int) -> dict[str, Any]:
+    """Run (or resume, or skip when up to date) one method; write and return its result."""
+    if path.exists() and not (force or restart):
+        existing = _up_to_date(path, ctx)
+        if existing is not None:
+            print(f"{path}: up to date, skipped (--force reruns it)", file=sys.stderr)
+            return existing
+    progress = R.open_progress(R.progress_path(path), ctx.identity(), restart=restart or force)
+    R.reset_peak_memory()
+    _seed_everything(ctx.seed)
+    _run_items(ctx, adapter, progress)
+    ids = [str(item["id"]) for item in ctx.items]
+    records = R.records_in_order(progress.records, ids)
+    result = build_result(ctx, adapter, records, n_resamples)
+    R.write_result(result, path)
+    progress.remove()
+    print(f"{path}: written ({len(records)} items)", file=sys.stderr)
+    return result
+
+
+def _up_to_date(path: Path, ctx: RunContext) -> dict[str, Any] | None:
+    try:
+        old = R.read_result(path)
+    except R.ResultFileError:
+        return None
+    same = (old["method"]["config"] == R.jsonable(ctx.method.to_dict()) and old["task"]["version"] == ctx.task.version
+            and old["task"]["data_fingerprint"] == ctx.fingerprint and old["seed"] == ctx.seed
+            and old["backend"] == ctx.backend and old["model"]["weight_hash"] == ctx.model_info["weight_hash"])
+    return old if same else None
+
+
+def _seed_everything(seed: int) -> None:
+    """Same seed before every method, so a method's numbers do not depend on the order of --quant."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _run_items(ctx: RunContext, adapter, progress: R.Progress) -> None:
+    from tqdm import tqdm
+
+    done = progress.done_ids
+    todo = [item for item in ctx.items if str(item["id"]) not in done]
+    label = f"{ctx.model} {ctx.method.name} {ctx.task.name}"
+    errors = sum(1 for r in progress.records if "error" in r)
+    with tqdm(total=len(ctx.items), initial=len(ctx.items) - len(todo), desc=label, unit="item",
+              file=sys.stderr, dynamic_ncols=True) as bar:
+        for item in todo:
+            start = time.perf_counter()
+            try:
+                record = ctx.task.run_item(adapter, ctx.method, item)
+            except Exception as err:  # a bug, not a bad item (tasks return {"error"} for those): stop here
+                raise RuntimeError(f"{ctx.task.name} item {item['id']!r} with {ctx.method.name}: "
+                                   f"{type(err).__name__}: {err} (finished items are kept; rerun to resume)") from err
+            record = R.jsonable(record)
+            record["id"] = str(record.get("id", item["id"]))
+            record["loop_s"] = time.perf_counter() - start  # the loop's clock, the same for every task
+            record.setdefault("wall_s", record["loop_s"])  # model time when the task measured it
+            progress.add(record)
+            errors += "error" in record
+            bar.set_postfix(errors=errors, refresh=False)
+            bar.update(1)
+
+
+def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resamples: int) -> dict[str, Any]:
+    """Assemble the schema-v1 result of one finished run (see results/schema.json)."""
+    metrics, categories = aggregate_with_ci(ctx.task, records, n_resamples, ctx.seed)
+    primary = getattr(ctx.task, "primary_metric", None) or next(iter(metrics))
+    if primary not in metrics:
+        raise ValueError(f"task {ctx.task.name}: primary metric {primary!r} is not among {sorted(metrics)}")
+    return {
+        "schema_version": R.SCHEMA_VERSION,
+        "date": R.utc_now(),
+        "seed": ctx.seed,
+        "model": ctx.model_info,
+        "method": {"name": ctx.method.name, "config": R.jsonable(ctx.method.to_dict()),
+                   "bits": R.number(getattr(ctx.method, "bits", None))},
+        "backend": ctx.backend,
+        "task": {"name": ctx.task.name, "version": int(ctx.task.version), "data": R.data_kind(ctx.data),
+                 "data_fingerprint": ctx.fingerprint, "n_items": len(ctx.items), "limit": ctx.limit,
+                 "settings": R.jsonable(ctx.task.describe()) if hasattr(ctx.task, "describe") else {}},
+        "primary_metric": primary,
+        "metrics": metrics,
+        "categories": categories,
+        "samples": records,
+        "system": R.system_figures(records, adapter),
+        "environment": R.environment(),
+        "n_errors": sum(1 for r in records if "error" in r),
+        "notes": R.notes(ctx.model_info, ctx.data),
+    }
+
+
+def aggregate_with_ci(task, records, n_resamples: int, seed: int):
+    """(metrics, categories) in the schema's shape; intervals from a bootstrap over the task's aggregate."""
+    agg = task.aggregate(records)
+    point = {k: R.number(v) for k, v in agg["metrics"].items() if R.is_number(v) and k not in COUNT_KEYS}
+    if not point:
+        raise ValueError(f"task {task.name}: aggregate() returned no numeric metric ({agg['metrics']!r})")
+
+    def statistics(rs):
+        m = task.aggregate(rs)["metrics"]
+        return {k: R.number(m.get(k)) for k in point}
+
+    cis = stats.bootstrap_cis(records, statistics, n_resamples=n_resamples, seed=seed)
+    method = stats.ci_method_text(n_resamples)
+    metrics = {k: {"value": v, "ci_low": cis[k][0], "ci_high": cis[k][1], "ci_method": method,
+                   "higher_is_better": R.higher_is_better(k, task), "n": len(records)} for k, v in point.items()}
+    categories = {}
+    for cat, values in (agg.get("categories") or {}).items():
+        n = int(values.get("n", sum(1 for r in records if r.get("category") == cat)))
+        nums = {k: R.number(v) for k, v in values.items() if k != "n" and R.is_number(v)}
+        categories[str(cat)] = {"n": n, "metrics": nums}
+    return metrics, categories
+
+
+def summary_table(results: list[dict[str, Any]]) -> str:
+    """Plain-text table: one row per method with the primary metric, its interval and the system figures."""
+    head = ["method", "metric", "value", "95% CI", "n", "bits/elt", "KV MiB", "tok/s", "wall s"]
+    rows = [head]
+    for r in results:
+        m = r["metrics"][r["primary_metric"]]
+        s = r["system"]
+        ci = f"[{_fmt(m['ci_low'])}, {_fmt(m['ci_high'])}]" if m["ci_low"] is not None else "-"
+        kv = s["kv_bytes"]["total"]
+        rows.append([r["method"]["name"], r["primary_metric"], _fmt(m["value"]), ci, str(m["n"]),
+                     _fmt(s["bits_per_element"]), _fmt(kv / 2**20 if kv is not None else None),
+                     _fmt(s["tokens_per_s"]), _fmt(s["wall_s"])])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.4g}" if abs(x) < 1e5 else f"{x:.3e}"

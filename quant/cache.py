@@ -1,0 +1,106 @@
+"""The quantized KV cache: a transformers `Cache` whose layers store one method's packed codes.
+
+Use it with any decoder in transformers: `model.generate(..., past_key_values=make_cache(method, model))`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+from quant.methods import get_method
+from quant.methods.base import FP_PARTS, QUANTIZED_PARTS, LayerContext, MethodConfig
+
+# Modality code of each KV position (QuantizedKVCache.set_modalities).
+MODALITIES = ("text", "image", "video", "audio")
+
+
+def text_config(model_or_config):
+    config = getattr(model_or_config, "config", model_or_config)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+class SharedState(dict):
+    """Cache-wide facts the layers share (modalities, RoPE, hooks' data); weak-referenceable so model
+    hooks can notice when their cache is gone."""
+
+
+class QuantizedKVCache(Cache):
+    def __init__(self, method: MethodConfig, num_layers: int, num_kv_heads: int, head_dim: int):
+        self.method = method
+        self.shared: dict[str, Any] = SharedState()
+        layers = [method.make_layer(LayerContext(i, num_layers, num_kv_heads, head_dim, self.shared)) for i in range(num_layers)]
+        super().__init__(layers=layers)
+        self.modalities: torch.Tensor | None = None
+
+    def set_modalities(self, tags: torch.Tensor) -> None:
+        """Modality code of each prompt position, LongTensor [B, S] (0 text, 1 image, 2 video, 3 audio).
+        Call before the prefill; positions after the prompt (generated tokens) are text."""
+        if tags.dim() != 2:
+            raise ValueError(f"modality tags must be [batch, seq_len], got shape {tuple(tags.shape)}")
+        self.modalities = tags.long()
+        self.shared["modalities"] = self.modalities
+
+    def nbytes(self) -> dict[str, Any]:
+        """Bytes of the tensors each layer actually holds: totals, by category and per layer."""
+        per_layer = [layer.nbytes() for layer in self.layers]
+        parts = {k: sum(p[k] for p in per_layer) for k in QUANTIZED_PARTS + FP_PARTS}
+        quantized = sum(parts[k] for k in QUANTIZED_PARTS)
+        full = sum(parts[k] for k in FP_PARTS)
+        total = quantized + full
+        return {"total": total, "quantized": quantized, "full_precision": full, "parts": parts,
+                "per_layer": [sum(p.values()) for p in per_layer], "bits_per_element": self.bits_per_element(total),
+                "per_modality": self.bytes_by_modality(total)}
+
+    def bytes_by_modality(self, total: int) -> dict[str, int]:
+        """Total bytes apportioned to modalities by their share of cached positions (generated tokens are
+        text). An apportionment, not a separate measurement: every position costs about the same."""
+        seen = self.get_seq_length()
+        if not seen:
+            return {}
+        counts = dict.fromkeys(MODALITIES, 0)
+        prompt = 0
+        if self.modalities is not None:
+            prompt = min(self.modalities.shape[1], seen)
+            for code, name in enumerate(MODALITIES):
+                counts[name] = int((self.modalities[:, :prompt] == code).sum()) // self.modalities.shape[0]
+        counts["text"] += seen - prompt
+        return {name: round(total * n / seen) for name, n in counts.items() if n}
+
+    def num_elements(self) -> int:
+        """K and V elements represented: 2 * layers * batch * kv_heads * tokens * head_dim."""
+        total = 0
+        for layer in self.layers:
+            if layer.is_initialized:
+                total += 2 * layer.batch * layer.ctx.num_kv_heads * layer.seen * layer.ctx.head_dim
+        return total
+
+    def bits_per_element(self, total: int | None = None) -> float:
+        """Measured storage bits per cached K/V element (all parts, windows included)."""
+        n = self.num_elements()
+        if total is None:
+            total = self.nbytes()["total"]
+        return 8.0 * total / n if n else 0.0
+
+
+def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer=None, **overrides) -> QuantizedKVCache:
+    """A fresh cache for `method` (a config or a preset name) sized from the model's text config.
+
+    Methods that need the model (RotateKV: its RoPE, sink hooks, calibration with `tokenizer`) get it
+    through their `prepare` hook.
+    """
+    method = get_method(method, **overrides)
+    cfg = text_config(config if config is not None else model)
+    if cfg is None:
+        raise ValueError("make_cache needs a model or a config= to size the cache")
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    cache = QuantizedKVCache(method, cfg.num_hidden_layers, kv_heads, head_dim)
+    prepare = getattr(method, "prepare", None)
+    if prepare is not None:
+        if model is None:
+            raise ValueError(f"{method.name or method.method} needs the model itself: make_cache(method, model, tokenizer=...)")
+        prepare(model, tokenizer, cache.shared)
+    return cache

@@ -1,0 +1,184 @@
+"""The shared shape of every method: a frozen config and a transformers cache layer.
+
+A layer stores what its method stores (packed codes, scales, full-precision windows) in named
+attributes and implements three things: `_append(k, v)` (store new tokens, flushing by its policy),
+`_dense()` (dequantize everything stored into [B, H, T, D] tensors: the torch reference path) and
+`_stored()` (the stored tensors by byte category, for memory accounting and batch reordering).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import torch
+from transformers.cache_utils import CacheLayerMixin
+
+from quant.packed import QTensor
+
+# Byte categories of `nbytes()`; "quantized" = codes + scales + norms, "full_precision" = the rest.
+QUANTIZED_PARTS = ("codes", "scales", "norms")
+FP_PARTS = ("residual", "outliers", "fp")
+
+
+@dataclass
+class LayerContext:
+    """Facts about the model a layer may need, shared by all layers of one cache."""
+
+    layer_idx: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    shared: dict[str, Any] = dataclasses.field(default_factory=dict)  # cache-wide (modalities, hooks' data)
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Base of every method config. Subclasses add fields with the paper defaults and validate them."""
+
+    name: str = ""
+    method: ClassVar[str] = ""
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        pass
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, **dataclasses.asdict(self)}
+
+    @property
+    def bits(self) -> float:
+        """Nominal bits per code (the method's headline bit width)."""
+        return 16.0
+
+    def make_layer(self, ctx: LayerContext) -> "QuantLayer":
+        raise NotImplementedError
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise a ValueError with a message that says what is wrong and what is allowed."""
+    if not condition:
+        raise ValueError(message)
+
+
+def check_pow2_group(name: str, value: int) -> None:
+    check(value > 0 and value & (value - 1) == 0 and value >= 16, f"{name} must be a power of two >= 16, got {value}")
+
+
+def cat_tokens(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
+    return b if a is None or a.shape[-2] == 0 else torch.cat([a, b], dim=-2)
+
+
+class QuantLayer(CacheLayerMixin):
+    """A cache layer holding one method's stored state.
+
+    update(k, v) with k, v [B, H_kv, S, D] (post-RoPE, as transformers passes them):
+    - S > 1 (prefill or a chunk): stores them, returns [dequantized past ; exact new] -- the prompt
+      attends with exact K/V, it is quantized only when stored;
+    - S == 1 (decode): stores it, returns everything as stored (dequantized), so decoding attends over
+      the quantized cache.
+    """
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, config: MethodConfig, ctx: LayerContext):
+        super().__init__()
+        self.config = config
+        self.ctx = ctx
+        self.seen = 0
+
+    # -- transformers' layer API -------------------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.batch = key_states.shape[0]
+        if key_states.shape[-1] != self.ctx.head_dim or key_states.shape[1] != self.ctx.num_kv_heads:
+            raise ValueError(
+                f"layer {self.ctx.layer_idx}: keys have shape {tuple(key_states.shape)} but the cache was built for "
+                f"{self.ctx.num_kv_heads} KV heads of dim {self.ctx.head_dim}; pass the text config to make_cache"
+            )
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[-2]
+        if new > 1:
+            past = self._dense() if self.seen else None
+            self._append(key_states, value_states)
+            self.seen += new
+            if past is None:
+                return key_states, value_states
+            return torch.cat([past[0], key_states], -2), torch.cat([past[1], value_states], -2)
+        self._append(key_states, value_states)
+        self.seen += new
+        return self._dense()
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.seen + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        for name in self._state_names():
+            setattr(self, name, None)
+        self.seen = 0
+        self.is_initialized = False
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map_state(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_state(lambda t: t[indices])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_state(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot crop: quantized blocks cannot be un-flushed; assisted decoding "
+            "is not supported with a quantized KV cache"
+        )
+
+    # -- what each method implements ---------------------------------------------------------
+    def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _dense(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _stored(self) -> dict[str, list[torch.Tensor | QTensor | None]]:
+        """Stored tensors by byte category: codes/scales come from QTensors, others are named here."""
+        raise NotImplementedError
+
+    # -- shared helpers ----------------------------------------------------------------------
+    def _state_names(self) -> list[str]:
+        # Private tensors (leading underscore: rotations, permutations) are per-layer constants, not state.
+        return [n for n, v in vars(self).items() if not n.startswith("_") and isinstance(v, (torch.Tensor, QTensor))]
+
+    def _map_state(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        for name in self._state_names():
+            value = getattr(self, name)
+            setattr(self, name, value.map(fn) if isinstance(value, QTensor) else fn(value))
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes actually held, by category (codes, scales, norms, residual, outliers, fp)."""
+        out = dict.fromkeys(QUANTIZED_PARTS + FP_PARTS, 0)
+        for category, items in self._stored().items():
+            for item in items:
+                if isinstance(item, QTensor):
+                    for part, n in item.nbytes().items():
+                        out[part] += n
+                elif item is not None:
+                    out[category] += item.nbytes
+        return out
+
+    def out_dtype(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)

@@ -1,0 +1,66 @@
+"""KIVI (ICML 2024): per-channel keys in token groups, per-token values, full-precision windows.
+
+Keys: full-precision keys accumulate; whenever R are pending they are quantized at once (per channel,
+groups of G tokens) and the window empties, so 0..R-1 keys stay FP. The prompt quantizes its first
+L - L mod R keys. Values: the newest R stay FP as a FIFO; older ones are quantized one by one (per
+token, groups of G channels).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quant.methods.base import MethodConfig, QuantLayer, cat_tokens, check, check_pow2_group
+from quant.packed import QTensor, cat_optional, quantize
+
+
+@dataclass(frozen=True)
+class KIVIConfig(MethodConfig):
+    method = "kivi"
+    key_bits: int = 2
+    value_bits: int = 2
+    group_size: int = 32
+    residual_length: int = 128
+
+    def validate(self):
+        check(self.key_bits in (2, 4) and self.value_bits in (2, 4), f"kivi bits must be 2 or 4, got K{self.key_bits} V{self.value_bits}")
+        check_pow2_group("kivi.group_size", self.group_size)
+        check(self.residual_length % self.group_size == 0, f"kivi.residual_length ({self.residual_length}) must be a multiple of group_size ({self.group_size})")
+
+    @property
+    def bits(self):
+        return float(self.key_bits)
+
+    def make_layer(self, ctx):
+        return KIVILayer(self, ctx)
+
+
+class KIVILayer(QuantLayer):
+    def __init__(self, config, ctx):
+        super().__init__(config, ctx)
+        self.k_q: QTensor | None = None
+        self.v_q: QTensor | None = None
+        self.k_res: torch.Tensor | None = None
+        self.v_res: torch.Tensor | None = None
+
+    def _append(self, k, v):
+        c = self.config
+        self.k_res = cat_tokens(self.k_res, k)
+        full = (self.k_res.shape[-2] // c.residual_length) * c.residual_length
+        if full:
+            self.k_q = cat_optional(self.k_q, quantize(self.k_res[..., :full, :], c.key_bits, c.group_size, axis=-2))
+            self.k_res = self.k_res[..., full:, :]
+        self.v_res = cat_tokens(self.v_res, v)
+        excess = self.v_res.shape[-2] - c.residual_length
+        if excess > 0:
+            self.v_q = cat_optional(self.v_q, quantize(self.v_res[..., :excess, :], c.value_bits, c.group_size, axis=-1))
+            self.v_res = self.v_res[..., excess:, :]
+
+    def _dense(self):
+        k = self.k_res if self.k_q is None else torch.cat([self.out_dtype(self.k_q.dequantize()), self.k_res], -2)
+        v = self.v_res if self.v_q is None else torch.cat([self.out_dtype(self.v_q.dequantize()), self.v_res], -2)
+        return k, v
+
+    def _stored(self):
+        return {"codes": [self.k_q, self.v_q], "residual": [self.k_res, self.v_res]}

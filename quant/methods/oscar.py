@@ -1,0 +1,114 @@
+"""OScaR (arXiv 2605.19660): Canalized Rotation + Omni-Token Scaling, then KIVI-style INT2.
+
+Keys: rotate every head with the normalized Sylvester Hadamard H_d (natural order, no signs), divide
+each token by its norm n_t over ALL KV heads and channels (one fp32 per token per layer), quantize per
+channel in groups of G tokens. Values: rotate with the same H_d, quantize per token in groups of G
+channels (not norm-scaled). New tokens wait in a full-precision window; every R tokens the block is
+quantized (block flush for K and V); the prompt quantizes floor(L / R) * R tokens.
+Dequantized: K = (K_unit_hat * n) @ H_d, V = V_hat @ H_d (H_d is symmetric and its own inverse).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quant.methods.base import MethodConfig, QuantLayer, cat_tokens, check, check_pow2_group
+from quant.packed import PackedKV, QTensor, cat_optional, quantize
+from quant.primitives import hadamard
+
+
+@dataclass(frozen=True)
+class OScaRConfig(MethodConfig):
+    method = "oscar"
+    bits: int = 2
+    group_size: int = 32
+    residual_length: int = 128
+    rotation: str = "hadamard"  # "hadamard" | "none"
+    token_norm: bool = True
+
+    def validate(self):
+        check(self.bits in (2, 3, 4), f"oscar.bits must be 2, 3 or 4, got {self.bits}")
+        check_pow2_group("oscar.group_size", self.group_size)
+        check(self.rotation in ("hadamard", "none"), f"oscar.rotation must be 'hadamard' or 'none', got {self.rotation!r}")
+        check(self.residual_length > 0 and self.residual_length % self.group_size == 0,
+              f"oscar.residual_length ({self.residual_length}) must be a positive multiple of group_size ({self.group_size})")
+
+    def make_layer(self, ctx):
+        return OScaRLayer(self, ctx)
+
+
+def token_norms(k_rot: torch.Tensor) -> torch.Tensor:
+    """n_t = ||K_rot[b, :, t, :]||_2 over all KV heads and channels, float32 [B, T]; n <= 0 -> 1."""
+    n = k_rot.float().pow(2).sum(dim=(1, 3)).sqrt()
+    return torch.where(n > 0, n, torch.ones_like(n))
+
+
+def pack_block(k: torch.Tensor, v: torch.Tensor, config: OScaRConfig, rot: torch.Tensor | None):
+    """The reference packer for a block of T tokens (T a multiple of the group size).
+
+    k, v: [B, H, T, D]. Returns (k_q: QTensor axis -2 of K_unit, v_q: QTensor axis -1 of V_rot,
+    norms: float32 [B, T] or None when token scaling is off).
+    """
+    k_rot = k.float() @ rot if rot is not None else k.float()
+    v_rot = v.float() @ rot if rot is not None else v.float()
+    norms = token_norms(k_rot) if config.token_norm else None
+    k_unit = k_rot / norms[:, None, :, None] if norms is not None else k_rot
+    return (
+        quantize(k_unit, config.bits, config.group_size, axis=-2),
+        quantize(v_rot, config.bits, config.group_size, axis=-1),
+        norms,
+    )
+
+
+class OScaRLayer(QuantLayer):
+    def __init__(self, config, ctx):
+        super().__init__(config, ctx)
+        self.k_q: QTensor | None = None
+        self.v_q: QTensor | None = None
+        self.norms: torch.Tensor | None = None
+        self.k_res: torch.Tensor | None = None
+        self.v_res: torch.Tensor | None = None
+        self._rot: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states, value_states):
+        super().lazy_initialization(key_states, value_states)
+        if self.config.rotation == "hadamard":
+            self._rot = hadamard(self.ctx.head_dim, device=self.device)
+
+    def _append(self, k, v):
+        c = self.config
+        self.k_res = cat_tokens(self.k_res, k)
+        self.v_res = cat_tokens(self.v_res, v)
+        full = (self.k_res.shape[-2] // c.residual_length) * c.residual_length
+        if full:
+            k_q, v_q, norms = pack_block(self.k_res[..., :full, :], self.v_res[..., :full, :], c, self._rot)
+            self.k_q, self.v_q = cat_optional(self.k_q, k_q), cat_optional(self.v_q, v_q)
+            if norms is not None:
+                self.norms = norms if self.norms is None else torch.cat([self.norms, norms], -1)
+            self.k_res, self.v_res = self.k_res[..., full:, :], self.v_res[..., full:, :]
+
+    def dequantized(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The quantized part back in the model's basis, float32 [B, H, Tq, D] (None if empty)."""
+        if self.k_q is None:
+            return None
+        k = self.k_q.dequantize()
+        if self.norms is not None:
+            k = k * self.norms[:, None, :, None]
+        v = self.v_q.dequantize()
+        if self._rot is not None:
+            k, v = k @ self._rot, v @ self._rot
+        return k, v
+
+    def _dense(self):
+        deq = self.dequantized()
+        if deq is None:
+            return self.k_res, self.v_res
+        return torch.cat([self.out_dtype(deq[0]), self.k_res], -2), torch.cat([self.out_dtype(deq[1]), self.v_res], -2)
+
+    def packed_view(self) -> PackedKV:
+        """The stored state as the handle fast attention kernels read (see quant.packed.PackedKV)."""
+        return PackedKV(self.k_q, self.v_q, self.norms, self.k_res, self.v_res, self._rot)
+
+    def _stored(self):
+        return {"codes": [self.k_q, self.v_q], "norms": [self.norms], "residual": [self.k_res, self.v_res]}

@@ -1,0 +1,78 @@
+"""lmms-eval hooks for `mmau_pro`: prompt, audio and scoring from tasks.mmau_pro.
+
+Audio comes as a list of {"array": float32 [samples], "sampling_rate": 16000} dicts, one per clip,
+the form lmms-eval's audio models take. Scoring (embedder, judge, AIF rules) is the harness's own;
+a doc that cannot be scored yields a record with "error", counted in n_errors, never an empty answer.
+"""
+import math
+from functools import lru_cache
+
+from tasks.mmau_pro import MMAUProTask, data, item_problem, prompt_text, score
+
+
+@lru_cache(maxsize=1)
+def _task():
+    return MMAUProTask()  # judge / embedder from MMAU_PRO_JUDGE / MMAU_PRO_EMBEDDER
+
+
+@lru_cache(maxsize=1)
+def _audio_root():
+    """(folder, zip or None) holding the clips: MMAU_PRO_AUDIO / MMAU_PRO_PATH / the hub snapshot."""
+    import os
+    from pathlib import Path
+
+    from tasks.ocrbench.data import hub_snapshot
+
+    folder = os.environ.get(data.ENV_PATH) or hub_snapshot(data.HUB_ID)
+    if folder is None and not os.environ.get(data.ENV_AUDIO):
+        raise data.TaskDataError(f"MMAU-Pro audio not found; {data.HOW_TO}")
+    return data._audio_source(Path(folder or "."))
+
+
+def _item(doc):
+    root, zip_path = _audio_root()
+    return data._row_to_item(0, doc, root, zip_path, root)
+
+
+def doc_to_audio(doc):
+    return [{"array": clip, "sampling_rate": data.SAMPLE_RATE} for clip in data.load_clips(_item(doc))]
+
+
+def doc_to_text(doc, lmms_eval_specific_kwargs=None):
+    return prompt_text(_item(doc))
+
+
+def process_results(doc, results):
+    item = _item(doc)
+    record = {"id": item["id"], "category": item["category"], "kind": score.kind(item)}
+    problem = item_problem(item)
+    if problem:
+        record["error"] = f"item {item['id']}: {problem}"
+    else:
+        record.update(prediction=results[0], **_task().score_prediction(item, results[0]))
+    return {name: record for name in ("open_ended", "good_rate", "aif", "closed", "overall")}
+
+
+def _metric(name, records):
+    value = score.aggregate(records)["metrics"][name]
+    return math.nan if value is None else value
+
+
+def aggregate_open_ended(records):
+    return _metric("open_ended", records)
+
+
+def aggregate_good_rate(records):
+    return _metric("good_rate", records)
+
+
+def aggregate_aif(records):
+    return _metric("aif", records)
+
+
+def aggregate_closed(records):
+    return _metric("closed", records)
+
+
+def aggregate_overall(records):
+    return _metric("overall", records)

@@ -1,0 +1,226 @@
+"""The project's small MMAU-Pro-style set: synthesized audio, in the hub dataset's layout.
+
+Writes <cache>/mmau-pro-generated-v<GENERATOR_VERSION>/test.parquet (the official columns) and
+data/<n>.wav (16 kHz mono 16-bit PCM, via the standard library `wave`), <cache> being
+$OSCAR_EVAL_CACHE or ~/.cache/oscar-eval. Clips are tones, chords, noise, sweeps and note sequences
+made with numpy; some items have two clips. Questions: closed form (categories "sound", "music",
+"sound-music"), open ("open") and one instruction-following item per official AIF rule. Items are
+interleaved by category so the first few cover every kind. One seed: the same set every time.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.mmau_pro.data import SAMPLE_RATE
+
+GENERATOR_VERSION = 1
+SEED = 20250819
+COMPLETE_MARKER = "COMPLETE"
+NOTES = {"C4": 261.63, "D4": 293.66, "E4": 329.63, "F4": 349.23, "G4": 392.00, "A3": 220.00, "A4": 440.00, "B3": 246.94, "D3": 146.83, "F3": 174.61}
+CHORDS = {"C major": ("C4", "E4", "G4"), "A minor": ("A3", "C4", "E4"), "G major": ("G4", "B3", "D4"), "D minor": ("D3", "F3", "A3")}
+SOUNDS = ("a steady pure tone", "white noise", "a rising pitch sweep", "silence")
+
+
+def cache_root() -> Path:
+    """$OSCAR_EVAL_CACHE, else ~/.cache/oscar-eval."""
+    return Path(os.environ.get("OSCAR_EVAL_CACHE") or Path.home() / ".cache" / "oscar-eval").expanduser()
+
+
+def _t(seconds: float) -> np.ndarray:
+    return np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+
+
+def tone(freq: float, seconds: float, amp: float = 0.3) -> np.ndarray:
+    """A sine with 10 ms fades (no clicks), float32 [samples]."""
+    y = amp * np.sin(2 * np.pi * freq * _t(seconds))
+    fade = min(len(y) // 2, SAMPLE_RATE // 100)
+    ramp = np.linspace(0.0, 1.0, fade)
+    y[:fade] *= ramp
+    y[len(y) - fade:] *= ramp[::-1]
+    return y.astype(np.float32)
+
+
+def chord(names: tuple[str, ...], seconds: float) -> np.ndarray:
+    return (sum(tone(NOTES[n], seconds, 0.2) for n in names)).astype(np.float32)
+
+
+def sweep(f0: float, f1: float, seconds: float) -> np.ndarray:
+    """Linear chirp from f0 to f1 Hz: phase = 2 pi (f0 t + (f1 - f0) t^2 / (2 T))."""
+    t = _t(seconds)
+    return (0.3 * np.sin(2 * np.pi * (f0 * t + (f1 - f0) * t * t / (2 * seconds)))).astype(np.float32)
+
+
+def noise(seconds: float, rng: np.random.Generator, amp: float = 0.2) -> np.ndarray:
+    return (amp * rng.standard_normal(len(_t(seconds)))).astype(np.float32)
+
+
+def sequence(names: list[str], note_seconds: float = 0.35, gap: float = 0.08) -> np.ndarray:
+    silence = np.zeros(int(gap * SAMPLE_RATE), np.float32)
+    return np.concatenate([np.concatenate([tone(NOTES[n], note_seconds), silence]) for n in names])
+
+
+def sound_clip(label: str, rng: np.random.Generator) -> np.ndarray:
+    return {"a steady pure tone": lambda: tone(440.0, 1.2), "white noise": lambda: noise(1.2, rng),
+            "a rising pitch sweep": lambda: sweep(200.0, 1200.0, 1.2),
+            "silence": lambda: np.zeros(len(_t(1.2)), np.float32)}[label]()
+
+
+def write_wav(path: Path, samples: np.ndarray) -> None:
+    """16-bit PCM mono WAV at SAMPLE_RATE."""
+    pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(SAMPLE_RATE)
+        f.writeframes(pcm.tobytes())
+
+
+def _closed(rng: random.Random, question: str, answer: str, options: list[str], clips, category: str, sub: str):
+    options = options[:]
+    rng.shuffle(options)
+    return {"question": question, "answer": answer, "choices": options, "clips": clips, "category": category, "sub-cat": sub}
+
+
+def closed_items(rng: random.Random, nrng: np.random.Generator) -> dict[str, list[dict[str, Any]]]:
+    sound = [_closed(rng, "Which best describes the sound in the audio?", label, list(SOUNDS),
+                     [sound_clip(label, nrng)], "sound", "sound identification") for label in ("white noise", "a rising pitch sweep", "a steady pure tone")]
+    music = [_closed(rng, "Which chord is played in the audio?", name, list(CHORDS), [chord(CHORDS[name], 1.5)], "music", "chord")
+             for name in ("C major", "A minor")]
+    count = rng.choice((3, 4))
+    notes = [rng.choice(list(NOTES)) for _ in range(count)]
+    music.append(_closed(rng, "How many notes are played in the audio?", ("three", "four")[count - 3],
+                         ["two", "three", "four", "five"], [sequence(notes)], "music", "counting"))
+    multi = [
+        _closed(rng, "Which of the two clips is louder?", "the second clip", ["the first clip", "the second clip"],
+                [tone(330.0, 1.0, 0.05), tone(330.0, 1.0, 0.5)], "sound-music", "multi-audio loudness"),
+        _closed(rng, "Which of the two clips has the higher pitch?", "the first clip", ["the first clip", "the second clip"],
+                [tone(880.0, 1.0), tone(220.0, 1.0)], "sound-music", "multi-audio pitch"),
+    ]
+    return {"sound": sound, "music": music, "sound-music": multi}
+
+
+def open_items(nrng: np.random.Generator) -> list[dict[str, Any]]:
+    return [
+        {"question": "Describe what you hear in the audio.", "answer": "Three notes rising in pitch: C, E and G, played one after another.",
+         "choices": [], "clips": [sequence(["C4", "E4", "G4"])], "category": "open", "sub-cat": "description"},
+        {"question": "How do the two clips differ?", "answer": "The first clip is a steady tone; the second clip is noise.",
+         "choices": [], "clips": [tone(440.0, 1.0), noise(1.0, nrng)], "category": "open", "sub-cat": "comparison"},
+        {"question": "What happens to the pitch during the audio?", "answer": "The pitch rises steadily from low to high.",
+         "choices": [], "clips": [sweep(150.0, 1500.0, 1.5)], "category": "open", "sub-cat": "description"},
+    ]
+
+
+# (task_identifier, instruction appended to the base question, kwargs) - one per official rule.
+AIF_RULES: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("Include Keywords", "Include the keywords: tone, pitch.", {"keywords": "tone, pitch"}),
+    ("Keyword Frequency", "Use the word 'sound' exactly 2 times.", {"keyword": "sound", "N": 2}),
+    ("Forbidden Words", "Do not use the words: music, song.", {"forbidden_words": "music, song"}),
+    ("Number Paragraphs", "Answer in exactly 2 paragraphs separated by ***.", {"N": 2}),
+    ("Number Words (at least)", "Answer in at least 12 words.", {"N": 12}),
+    ("Number Words (at most)", "Answer in at most 8 words.", {"N": 8}),
+    ("Number Words (range)", "Answer in 5 to 15 words.", {"N1": 5, "N2": 15}),
+    ("Number Sentences (at least)", "Answer in at least 2 sentences.", {"N": 2}),
+    ("Number Sentences (at most)", "Answer in at most 1 sentence.", {"N": 1}),
+    ("Number Sentences (range)", "Answer in 2 to 3 sentences.", {"N1": 2, "N2": 3}),
+    ("Postscript", "End with a postscript starting with P.S.", {"postscript_marker": "P.S."}),
+    ("Number Placeholder", "Include at least 2 placeholders in square brackets, like [name].", {"N": 2}),
+    ("Number Bullets", "Answer with exactly 3 bullet points using '* '.", {"N": 3}),
+    ("Title", "Give your answer a title wrapped in double angular brackets, like <<title>>.", {}),
+    ("Minimum Number Highlighted Section", "Highlight at least 2 parts with asterisks, like *this*.", {"N": 2}),
+    ("Multiple Sections", "Use 2 sections, each starting with 'Section'.", {"N": 2, "section_splitter": "Section"}),
+    ("Repeat Prompt", "First repeat this request word for word, then answer.", {}),
+    ("Two Responses", "Give two different answers separated by ******.", {}),
+    ("All Uppercase", "Answer in capital letters only.", {}),
+    ("All Lowercase", "Answer in lowercase letters only.", {}),
+    ("All-capital Words (at least)", "Use at least 2 words in all capital letters.", {"N": 2}),
+    ("All-capital Words (at most)", "Use at most 1 word in all capital letters.", {"N": 1}),
+    ("All-capital Words (range)", "Use 1 to 3 words in all capital letters.", {"N1": 1, "N2": 3}),
+    ("Start Checker", "Start your answer with 'I hear'.", {"start_phrase": "I hear"}),
+    ("End Checker", "End your answer with 'that is all'.", {"end_phrase": "that is all"}),
+    ("Quotation", "Wrap your whole answer in double quotation marks.", {}),
+    ("No Commas", "Do not use any commas.", {}),
+)
+
+
+def aif_items(nrng: np.random.Generator) -> list[dict[str, Any]]:
+    makers = (lambda: tone(440.0, 1.0), lambda: sweep(300.0, 900.0, 1.0), lambda: noise(1.0, nrng),
+              lambda: chord(CHORDS["C major"], 1.0))
+    return [{"question": f"Describe the audio. {instruction}", "answer": "", "choices": [], "clips": [makers[i % 4]()],
+             "category": "instruction following", "sub-cat": identifier, "task_identifier": identifier, "kwargs": kwargs}
+            for i, (identifier, instruction, kwargs) in enumerate(AIF_RULES)]
+
+
+def interleave(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Round-robin over the groups, so any prefix spans every group early."""
+    out = []
+    for i in range(max(len(g) for g in groups)):
+        out.extend(g[i] for g in groups if i < len(g))
+    return out
+
+
+def _schema():
+    import pyarrow as pa
+
+    text, ints = pa.string(), pa.int64()
+    kwargs = pa.struct([("keywords", text), ("keyword", text), ("N", ints), ("forbidden_words", text), ("N1", ints),
+                        ("N2", ints), ("postscript_marker", text), ("section_splitter", text),
+                        ("start_phrase", text), ("end_phrase", text)])
+    columns = [("id", text), ("audio_path", pa.list_(text)), ("question", text), ("answer", text),
+               ("choices", pa.list_(text)), ("category", text), ("task_identifier", text), ("kwargs", kwargs),
+               ("length_type", text), ("perceptual_skills", pa.list_(text)), ("reasoning_skills", pa.list_(text)),
+               ("transcription", text), ("task_classification", text), ("sub-cat", text)]
+    return pa.schema(columns)
+
+
+def build(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
+    """Write test.parquet and data/*.wav into `target`; return the parquet rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng, nrng = random.Random(seed), np.random.default_rng(seed)
+    closed = closed_items(rng, nrng)
+    items = interleave([closed["sound"], closed["music"], closed["sound-music"], open_items(nrng), aif_items(nrng)])
+    (target / "data").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n, item in enumerate(items):
+        paths = []
+        for k, clip in enumerate(item.pop("clips")):
+            paths.append(f"data/gen-{n:04d}-{k}.wav")
+            write_wav(target / paths[-1], clip)
+        kind = {"open": "open-ended", "instruction following": "instruction following"}.get(item["category"], "closed-ended")
+        rows.append({"id": f"gen-{n:04d}", "audio_path": paths, "task_identifier": item.get("task_identifier"),
+                     "kwargs": item.get("kwargs"), "length_type": "short", "perceptual_skills": [],
+                     "reasoning_skills": [], "transcription": None, "task_classification": kind,
+                     **{k: item[k] for k in ("question", "answer", "choices", "category", "sub-cat")}})
+    pq.write_table(pa.Table.from_pylist(rows, schema=_schema()), target / "test.parquet")
+    (target / COMPLETE_MARKER).write_text(str(GENERATOR_VERSION))
+    return rows
+
+
+def ensure_generated(root: Path | None = None) -> Path:
+    """The generated set's folder, built first when missing (in a temporary folder, then renamed,
+    so parallel runs never see half a set)."""
+    final = (root or cache_root()) / f"mmau-pro-generated-v{GENERATOR_VERSION}"
+    if (final / COMPLETE_MARKER).exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".mmau-gen-", dir=final.parent))
+    try:
+        build(tmp)
+        if final.exists():  # an incomplete leftover from a killed run
+            shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    except OSError:
+        if not (final / COMPLETE_MARKER).exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

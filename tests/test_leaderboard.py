@@ -1,0 +1,68 @@
+"""`oscar-eval leaderboard`: tables only from result files, published numbers apart, README section."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from test_results_factory import make_result
+
+from harness import leaderboard as L
+from harness import report_html
+from harness import results as R
+from harness.cli import main as cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def workdir(tmp_path, monkeypatch):
+    """A results tree of hand-made runs: 3 OCRBench-like methods and 2 perplexity methods."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(REPO / "results" / "paper.json", tmp_path / "paper.json")
+    cats = ["a", "b"] * 3
+    for method, scores, bits, kv in (("bf16", [1, 1, 1, 0, 1, 1], 16, 4096), ("kivi", [1, 0, 0, 0, 1, 0], 3, 800),
+                                     ("oscar", [1, 1, 0, 0, 1, 1], 3, 820)):
+        R.write_result(make_result(method, scores, cats, bits=bits, kv_total=kv, task="ocrbench"),
+                       R.run_path("ocrbench", "generated", "tiny-model", method))
+    for method, ppl in (("bf16", [10.0, 11.0]), ("kivi", [13.0, 15.0])):
+        R.write_result(make_result(method, ppl, metric="ppl", higher_is_better=False, task="ppl", model="smollm2-135m"),
+                       R.run_path("ppl", "generated", "smollm2-135m", method))
+    Path("README.md").write_text(f"# x\n\n## Results\n{L.README_START}\nold\n{L.README_END}\n\n## After\n")
+    return tmp_path
+
+
+def test_markdown_has_one_row_per_result_and_published_apart(workdir):
+    assert cli(["leaderboard", "--paper", "paper.json"]) == 0
+    md = Path("results/LEADERBOARD.md").read_text()
+    measured, published = md.split("### Published numbers (not measured here)")
+    rows = [line for line in measured.splitlines() if line.startswith("| ") and not line.startswith("| method")]
+    assert len(rows) == 5
+    assert "| kivi | 0.3333 [0.2333, 0.4333] | 6 | 3 | 0.7812 | 5.12x |" in measured  # 4096 / 800 bytes
+    assert "ppl ↓ (95% CI)" in measured and "accuracy ↑ (95% CI)" in measured
+    assert "| qwen3-vl-8b | 858 | 851 | 850 | 847 | 722 | 754 | 856 |" in published
+    assert "858" not in measured  # published numbers never enter the measured tables
+    readme = Path("README.md").read_text()
+    assert "old" not in readme and md in readme and readme.endswith(f"{L.README_END}\n\n## After\n")
+
+
+def test_invalid_result_file_stops_the_build(workdir, capsys):
+    Path("results/runs/ppl.generated/smollm2-135m/oscar.json").write_text('{"schema_version": 1}')
+    assert cli(["leaderboard", "--paper", "paper.json"]) == 2
+    assert "oscar.json: $: 'date' is a required property" in capsys.readouterr().err
+
+
+def test_pareto_front():
+    # cost (x, lower better) and quality (y); (2, 0.5) is beaten by (1, 0.6)
+    pts = [(16, 0.9), (3, 0.7), (2, 0.5), (1, 0.6), (3, 0.6)]
+    assert report_html.pareto(pts, higher_is_better=True) == [0, 1, 3]
+    assert report_html.pareto([(16, 10.0), (3, 12.0), (3, 11.0)], higher_is_better=False) == [0, 2]
+
+
+def test_bench_rows_are_read_and_plotted(workdir):
+    Path("results/bench").mkdir(parents=True)
+    Path("results/bench/decode.json").write_text(
+        '{"rows": [{"variant": "oscar", "context": 1024, "time_us": 20.0}, {"variant": "oscar", "context": 4096, "time_us": 50.0},'
+        ' {"variant": "sdpa", "context": 1024, "time_us": 30.0}, {"variant": "sdpa", "context": 4096, "time_us": 110.0}]}')
+    rows = L.load_bench(Path("results/bench"))
+    assert len(rows) == 4 and report_html.speed_plot(rows).startswith("data:image/png;base64,")

