@@ -8,14 +8,16 @@ Layout conventions (every tensor has batch first, then KV heads, then tokens):
   codes int32 [B, H, T, D / (32 // bits)]: word w holds channels w*16 .. w*16+15 (2 bits).
   scale, zero fp16 [B, H, T, D / group].
 Dequantization: x_hat = code * scale + zero, broadcast over the group.
+Variable token groups (OScaR's modality-aligned option): `starts` int64 [n_groups] holds each group's
+first token; scale/zero then have n_groups rows on the token axis. Codes are laid out as above.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from quant.primitives import asym_dequantize, asym_quantize, pack_codes, unpack_codes
+from quant.primitives import MIN_SCALE, asym_dequantize, asym_quantize, pack_codes, unpack_codes
 
 
 @dataclass
@@ -26,13 +28,20 @@ class QTensor:
     bits: int
     group: int
     axis: int  # -2: groups along tokens (per-channel); -1: groups along channels (per-token)
+    starts: torch.Tensor | None = None  # variable token groups (axis -2 only), see module docstring
 
     @property
     def num_tokens(self) -> int:
-        return self.scale.shape[-2] * (self.group if self.axis == -2 else 1)
+        return self.codes.shape[-2] * (32 // self.bits) if self.axis == -2 else self.codes.shape[-2]
 
     def nbytes(self) -> dict[str, int]:
-        return {"codes": self.codes.nbytes, "scales": self.scale.nbytes + self.zero.nbytes}
+        extra = self.starts.nbytes if self.starts is not None else 0
+        return {"codes": self.codes.nbytes, "scales": self.scale.nbytes + self.zero.nbytes + extra}
+
+    def token_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Variable groups: scale and zero repeated to one row per token, [B, H, T, D]."""
+        lengths = torch.diff(self.starts, append=torch.tensor([self.num_tokens], device=self.starts.device))
+        return self.scale.repeat_interleave(lengths, dim=-2), self.zero.repeat_interleave(lengths, dim=-2)
 
     def unpacked(self) -> torch.Tensor:
         """uint8 codes [B, H, T, D]."""
@@ -42,6 +51,9 @@ class QTensor:
         """float32 [B, H, T, D]."""
         codes = self.unpacked()
         g = self.group
+        if self.starts is not None:
+            scale, zero = self.token_scales()
+            return asym_dequantize(codes, scale, zero)
         if self.axis == -2:
             b, h, t, d = codes.shape
             x = asym_dequantize(codes.view(b, h, t // g, g, d), self.scale.unsqueeze(-2), self.zero.unsqueeze(-2))
@@ -54,16 +66,21 @@ class QTensor:
         """Append `other` after self along the token axis."""
         if other is None:
             return self
+        if (self.starts is None) != (other.starts is None):
+            raise ValueError("cannot append fixed and variable token groups to one another")
+        starts = None if self.starts is None else torch.cat([self.starts, other.starts + self.num_tokens])
         return replace(
             self,
             codes=torch.cat([self.codes, other.codes], -2),
             scale=torch.cat([self.scale, other.scale], -2),
             zero=torch.cat([self.zero, other.zero], -2),
+            starts=starts,
         )
 
     def map(self, fn) -> "QTensor":
         """Apply fn to every tensor (e.g. batch reordering)."""
-        return replace(self, **{f.name: fn(getattr(self, f.name)) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)})
+        batch = ("codes", "scale", "zero")  # starts has no batch dimension
+        return replace(self, **{name: fn(getattr(self, name)) for name in batch})
 
 
 def quantize(x: torch.Tensor, bits: int, group: int, axis: int, clip: float = 1.0) -> QTensor:
@@ -82,6 +99,24 @@ def quantize(x: torch.Tensor, bits: int, group: int, axis: int, clip: float = 1.
     else:
         raise ValueError(f"axis must be -2 (token groups) or -1 (channel groups), got {axis}")
     return QTensor(pack_codes(codes, bits, axis), scale, zero, bits, group, axis)
+
+
+def quantize_segments(x: torch.Tensor, bits: int, starts: torch.Tensor) -> QTensor:
+    """Per-channel asym quantization of x [B, H, T, D] over token groups [starts[i], starts[i+1]).
+    Same formula as `quantize` (fp16 scale/zero rounded before the codes); T a multiple of 32 // bits."""
+    b, h, t, d = x.shape
+    lengths = torch.diff(starts, append=torch.tensor([t], device=starts.device))
+    seg = torch.repeat_interleave(torch.arange(len(starts), device=x.device), lengths)
+    idx = seg.view(1, 1, t, 1).expand(b, h, t, d)
+    xf = x.float()
+    init = xf.new_zeros(b, h, len(starts), d)
+    hi = init.scatter_reduce(2, idx, xf, "amax", include_self=False)
+    lo = init.scatter_reduce(2, idx, xf, "amin", include_self=False)
+    levels = 2**bits - 1
+    scale = ((hi - lo) / levels).clamp_min(MIN_SCALE).half()
+    zero = lo.half()
+    codes = torch.round((xf - zero.float().gather(2, idx)) / scale.float().gather(2, idx)).clamp_(0, levels).to(torch.uint8)
+    return QTensor(pack_codes(codes, bits, -2), scale, zero, bits, 0, -2, starts.long())
 
 
 def cat_optional(a: QTensor | None, b: QTensor) -> QTensor:

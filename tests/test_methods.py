@@ -274,3 +274,39 @@ def test_unknown_method_and_option_name_the_valid_ones():
         quant.get_method("int2")
     with pytest.raises(ValueError, match="group_size"):
         quant.get_method("oscar", groupsize=32)
+
+
+def test_modality_aligned_groups_cut_at_boundaries_and_match_reference():
+    from quant.methods.oscar import aligned_starts
+
+    tags = torch.zeros(2, 128, dtype=torch.long)
+    tags[:, 40:100] = 1  # image positions 40..99 in both rows
+    tags[1, 100:110] = 1  # row 1's image runs longer: the union of boundaries is used
+    assert aligned_starts(tags, 0, 128, 32).tolist() == [0, 32, 40, 64, 96, 100, 110]
+    assert aligned_starts(None, 0, 128, 32).tolist() == [0, 32, 64, 96]
+    assert aligned_starts(tags, 128, 128, 32).tolist() == [0, 32, 64, 96]  # generated tokens are text
+
+    shared = {"modalities": tags}
+    layer = layer_for("oscar", shared=shared, align_modality_groups=True)
+    k, v = kv(t=130, seed=12)
+    k[..., 40:110, :] *= 5  # the image span has another scale
+    layer.update(k, v)
+    assert layer.k_q.starts.tolist() == [0, 32, 40, 64, 96, 100, 110]
+    h = hadamard(64, dtype=torch.float64)
+    kr = k[..., :128, :].double() @ h
+    n = kr.pow(2).sum(dim=(1, 3)).sqrt()[:, None, :, None]
+    unit = kr / n
+    bounds = [0, 32, 40, 64, 96, 100, 110, 128]
+    parts = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        seg = unit[..., a:b, :]
+        hi, lo = seg.amax(-2, keepdim=True), seg.amin(-2, keepdim=True)
+        s = ((hi - lo) / 3).clamp_min(1e-8).half().double()
+        z = lo.half().double()
+        parts.append(torch.round((seg - z) / s).clamp(0, 3) * s + z)
+    ref = (torch.cat(parts, -2) * n) @ h
+    assert close(layer._dense()[0][..., :128, :], ref)
+    # a second block appends its groups after the first block's
+    layer.update(*kv(t=126, seed=13))
+    assert layer.k_q.starts.tolist()[-4:] == [128, 160, 192, 224]
+    assert layer.nbytes()["scales"] > layer_for("oscar").nbytes()["scales"]
