@@ -10,6 +10,7 @@ per method. A summary table closes the run.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -71,11 +72,12 @@ def resolve(model: str, quant: str, task: str | None, backend: str | None, quant
         raise ValueError("--quant is empty; give a method preset, a comma-separated list, or 'all'")
     overrides = Q.parse_overrides(quant_opts)
     if backend:
-        overrides["backend"] = backend
-    try:
-        methods = [Q.get_method(name, **overrides) for name in names]
-    except TypeError as err:
-        raise ValueError(f"--backend {backend!r} cannot be applied: {err}") from err
+        from quant.kernels import BACKENDS
+
+        if backend not in BACKENDS:
+            raise ValueError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        os.environ["OSCAR_KERNEL_BACKEND"] = backend  # read by quant.kernels.default_backend
+    methods = [Q.get_method(name, **overrides) for name in names]
     # A Task object (tests, notebooks: e.g. PerplexityTask(context=64)) is used as given.
     task_obj = T.get_task(task or spec.default_task) if task is None or isinstance(task, str) else task
     return spec, methods, task_obj
@@ -101,6 +103,10 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
 
         adapter = M.load(spec.name, model_path=model_path, device=device, dtype=dtype, device_map=device_map)
     model_info = R.model_info(adapter)
+    if backend is None:  # record what will actually run: kernels on a GPU, the torch reference elsewhere
+        from quant.kernels import default_backend
+
+        backend = default_backend(next(adapter.model.parameters()).device)
     fingerprint = task_obj.data_fingerprint(items)
     written = []
     for method in methods:
@@ -116,7 +122,8 @@ class RunContext:
     def __init__(self, model, model_info, method, task, items, data, limit, fingerprint, seed, backend):
         self.model, self.model_info, self.method, self.task = model, model_info, method, task
         self.items, self.data, self.limit, self.fingerprint, self.seed = items, data, limit, fingerprint, seed
-        self.backend = backend or getattr(method, "backend", None) or "torch"
+        # Only OScaR has kernels; every other method runs the torch reference whatever was asked.
+        self.backend = backend if method.method == "oscar" else "torch"
 
     def identity(self) -> dict[str, Any]:
         """What must match for recorded items to be reused (the limit may change between sessions)."""

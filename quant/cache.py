@@ -103,4 +103,26 @@ def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer
         if model is None:
             raise ValueError(f"{method.name or method.method} needs the model itself: make_cache(method, model, tokenizer=...)")
         prepare(model, tokenizer, cache.shared)
+    if method.method == "oscar" and model is not None and use_fast_decode(method, model):
+        cache.shared["fast_decode"] = True
     return cache
+
+
+def use_fast_decode(method, model) -> bool:
+    """OScaR decodes on the fused kernels when the model sits on a GPU (or OSCAR_KERNEL_BACKEND names a
+    kernel backend) and the config is the one the kernels implement. The model's text attention is
+    switched to the "oscar_packed" function, which is SDPA for everything but packed decode steps.
+    Batches must be unpadded on this path (the kernels take per-sequence lengths, not left padding)."""
+    from quant.kernels import default_backend
+
+    device = next(model.parameters()).device
+    if default_backend(device) == "torch" or method.bits != 2 or method.group_size != 32 or method.align_modality_groups:
+        return False
+    from quant.kernels.hf_decode import register
+
+    name = register()
+    if model.config.get_text_config() is model.config:
+        model.set_attn_implementation(name)
+    else:  # composite models: the text backbone only (vision/audio encoders keep their attention)
+        model.set_attn_implementation({"text_config": name})
+    return True

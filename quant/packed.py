@@ -113,7 +113,7 @@ def quantize_segments(x: torch.Tensor, bits: int, starts: torch.Tensor) -> QTens
     hi = init.scatter_reduce(2, idx, xf, "amax", include_self=False)
     lo = init.scatter_reduce(2, idx, xf, "amin", include_self=False)
     levels = 2**bits - 1
-    scale = ((hi - lo) / levels).clamp_min(MIN_SCALE).half()
+    scale = ((hi - lo) / levels).half().clamp_min(MIN_SCALE)
     zero = lo.half()
     codes = torch.round((xf - zero.float().gather(2, idx)) / scale.float().gather(2, idx)).clamp_(0, levels).to(torch.uint8)
     return QTensor(pack_codes(codes, bits, -2), scale, zero, bits, 0, -2, starts.long())

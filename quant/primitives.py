@@ -9,8 +9,9 @@ import sys
 
 import torch
 
-# Smallest scale: guards max == min (a constant group) against division by zero.
-MIN_SCALE = 1e-8
+# Smallest scale: guards max == min (a constant group) against division by zero. 2**-24 is the
+# smallest positive fp16 value, so the guard survives the cast to the stored fp16 scale.
+MIN_SCALE = 2.0**-24
 
 
 def asym_quantize(x: torch.Tensor, bits: int, dim: int, clip: float = 1.0, scale_dtype=torch.float16):
@@ -26,7 +27,7 @@ def asym_quantize(x: torch.Tensor, bits: int, dim: int, clip: float = 1.0, scale
     hi = xf.amax(dim=dim, keepdim=True) * clip
     lo = xf.amin(dim=dim, keepdim=True) * clip
     levels = 2**bits - 1
-    scale = ((hi - lo) / levels).clamp_min(MIN_SCALE).to(scale_dtype)
+    scale = ((hi - lo) / levels).to(scale_dtype).clamp_min(MIN_SCALE)
     zero = lo.to(scale_dtype)
     codes = torch.round((xf - zero.float()) / scale.float()).clamp_(0, levels).to(torch.uint8)
     return codes, scale, zero

@@ -27,7 +27,7 @@ def ref_group_quant(x, bits, group, axis, clip=1.0):
     xg = x.reshape(b, h, t // group, group, d) if axis == -2 else x.reshape(b, h, t, d // group, group)
     red = -2 if axis == -2 else -1
     hi, lo = xg.amax(red, keepdim=True) * clip, xg.amin(red, keepdim=True) * clip
-    s = ((hi - lo) / (2**bits - 1)).clamp_min(1e-8).half().double()
+    s = ((hi - lo) / (2**bits - 1)).half().clamp_min(2.0**-24).double()
     z = lo.half().double()
     q = torch.round((xg - z) / s).clamp(0, 2**bits - 1)
     return (q * s + z).reshape(b, h, t, d)
@@ -301,7 +301,7 @@ def test_modality_aligned_groups_cut_at_boundaries_and_match_reference():
     for a, b in zip(bounds[:-1], bounds[1:]):
         seg = unit[..., a:b, :]
         hi, lo = seg.amax(-2, keepdim=True), seg.amin(-2, keepdim=True)
-        s = ((hi - lo) / 3).clamp_min(1e-8).half().double()
+        s = ((hi - lo) / 3).half().clamp_min(2.0**-24).double()
         z = lo.half().double()
         parts.append(torch.round((seg - z) / s).clamp(0, 3) * s + z)
     ref = (torch.cat(parts, -2) * n) @ h

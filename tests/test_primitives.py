@@ -69,7 +69,7 @@ def test_asym_quantize_matches_float64_formula(bits, clip):
 def test_constant_group_does_not_divide_by_zero():
     x = torch.full((2, 32), 1.25)
     codes, scale, zero = asym_quantize(x, 2, dim=-1)
-    assert torch.isfinite(scale).all()
+    assert (scale > 0).all() and (codes == 0).all()  # the guard survives the fp16 cast: no 0/0
     assert torch.allclose(asym_dequantize(codes, scale, zero), x, atol=1e-3)
 
 

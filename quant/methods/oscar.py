@@ -67,6 +67,12 @@ def pack_block(k: torch.Tensor, v: torch.Tensor, config: OScaRConfig, rot: torch
     k, v: [B, H, T, D]. Returns (k_q: QTensor axis -2 of K_unit, v_q: QTensor axis -1 of V_rot,
     norms: float32 [B, T] or None when token scaling is off). `starts`: variable key groups.
     """
+    if k.is_cuda and config.bits == 2 and config.group_size == 32 and starts is None:
+        from quant.kernels import default_backend, pack_kv
+
+        backend = default_backend(k.device)
+        if backend != "torch":  # the fused CUDA/Triton packer writes the same layout
+            return pack_kv(k, v, rotate=rot is not None, token_norm=config.token_norm, backend=backend)
     k_rot = k.float() @ rot if rot is not None else k.float()
     v_rot = v.float() @ rot if rot is not None else v.float()
     norms = token_norms(k_rot) if config.token_norm else None
@@ -107,6 +113,15 @@ class OScaRLayer(QuantLayer):
             if norms is not None:
                 self.norms = norms if self.norms is None else torch.cat([self.norms, norms], -1)
             self.k_res, self.v_res = self.k_res[..., full:, :], self.v_res[..., full:, :]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Decode steps on the fast path hand the attention function the packed state itself
+        (quant.kernels.hf_decode.packed_attention); everything else goes through the dense reference."""
+        if key_states.shape[-2] == 1 and self.ctx.shared.get("fast_decode") and self.is_initialized:
+            self._append(key_states, value_states)
+            self.seen += 1
+            return self.packed_view(), None
+        return super().update(key_states, value_states, *args, **kwargs)
 
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The quantized part back in the model's basis, float32 [B, H, Tq, D] (None if empty)."""

@@ -1,0 +1,103 @@
+// Thin torch bindings for the OScaR kernels: check tensors, fill the raw parameter structs, launch.
+// Compiled once per head dim (OSCAR_HEAD_DIM) by quant/kernels/cuda.py through torch.utils.cpp_extension.
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include "include/oscar_decode.cuh"
+#include "include/oscar_pack.cuh"
+
+#ifndef OSCAR_HEAD_DIM
+#error "define OSCAR_HEAD_DIM (64 or 128)"
+#endif
+constexpr int D = OSCAR_HEAD_DIM;
+
+namespace {
+
+void check(const torch::Tensor& t, const char* name, torch::ScalarType dtype) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+void check_cuda(cudaError_t e, const char* what) {
+  TORCH_CHECK(e == cudaSuccess, what, " failed: ", cudaGetErrorString(e));
+}
+
+// q [B, Hq, Lq, D] in the residual dtype (fp16/bf16); packed tensors as quant.packed; returns out like q.
+torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch::Tensor kz, torch::Tensor vc,
+                     torch::Tensor vs, torch::Tensor vz, torch::Tensor norms, torch::Tensor k_res,
+                     torch::Tensor v_res, torch::Tensor kv_lens, torch::Tensor res_lens, int64_t tokens,
+                     int64_t num_splits, int64_t split_tokens, double scaling, bool rotate) {
+  TORCH_CHECK(q.dim() == 4 && q.size(3) == D, "q must be [B, Hq, Lq, ", D, "]");
+  const auto dt = q.scalar_type();
+  TORCH_CHECK(dt == torch::kHalf || dt == torch::kBFloat16, "q must be fp16 or bf16");
+  check(q, "q", dt);
+  check(kc, "key codes", torch::kInt32), check(ks, "key scale", torch::kHalf), check(kz, "key zero", torch::kHalf);
+  check(vc, "value codes", torch::kInt32), check(vs, "value scale", torch::kHalf), check(vz, "value zero", torch::kHalf);
+  check(norms, "norms", torch::kFloat32), check(kv_lens, "kv_lens", torch::kInt32), check(res_lens, "res_lens", torch::kInt32);
+  TORCH_CHECK(k_res.scalar_type() == dt && v_res.scalar_type() == dt, "residual K/V must have q's dtype");
+  TORCH_CHECK(k_res.stride(3) == 1 && v_res.stride(3) == 1, "residual K/V need a contiguous last dim");
+  const int64_t b = q.size(0), hkv = k_res.size(1);
+  TORCH_CHECK(q.size(1) % hkv == 0, "query heads must be a multiple of KV heads");
+  const int64_t group = q.size(1) / hkv, lq = q.size(2);
+  TORCH_CHECK(group * lq <= 16, "group * Lq = ", group * lq, " exceeds the 16 rows of one tile");
+  TORCH_CHECK(tokens % 32 == 0 && split_tokens % 32 == 0, "tokens and split_tokens must be multiples of 32");
+  TORCH_CHECK(num_splits + 1 <= oscar::kMaxSplits, "too many splits: ", num_splits);
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto f32 = q.options().dtype(torch::kFloat32);
+  auto part_o = torch::empty({b * hkv, num_splits + 1, group * lq, D}, f32);
+  auto part_ml = torch::empty({b * hkv, num_splits + 1, 2, group * lq}, f32);
+  auto out = torch::empty_like(q);
+  oscar::DecodeParams p{q.data_ptr(), kc.data_ptr<int32_t>(), reinterpret_cast<const __half*>(ks.data_ptr()),
+                        reinterpret_cast<const __half*>(kz.data_ptr()), vc.data_ptr<int32_t>(),
+                        reinterpret_cast<const __half*>(vs.data_ptr()), reinterpret_cast<const __half*>(vz.data_ptr()),
+                        norms.data_ptr<float>(), k_res.data_ptr(), v_res.data_ptr(), k_res.stride(0), k_res.stride(1),
+                        k_res.stride(2), v_res.stride(0), v_res.stride(1), v_res.stride(2), kv_lens.data_ptr<int32_t>(),
+                        res_lens.data_ptr<int32_t>(), part_o.data_ptr<float>(), part_ml.data_ptr<float>(),
+                        out.data_ptr(), static_cast<int>(hkv), static_cast<int>(group), static_cast<int>(lq),
+                        static_cast<int>(tokens), static_cast<int>(num_splits), static_cast<int>(split_tokens),
+                        static_cast<float>(scaling * 1.4426950408889634), rotate};
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const cudaError_t e = dt == torch::kHalf ? oscar::launch_decode<D, __half>(p, b, stream)
+                                           : oscar::launch_decode<D, __nv_bfloat16>(p, b, stream);
+  check_cuda(e, "oscar decode launch");
+  return out;
+}
+
+// k, v [B, H, T, D] (fp16/bf16/fp32, last dim contiguous), T % 32 == 0 -> (kc, ks, kz, vc, vs, vz, norms).
+std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, bool token_norm) {
+  TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.size(3) == D, "K and V must be [B, H, T, ", D, "]");
+  TORCH_CHECK(k.is_cuda() && v.is_cuda() && k.scalar_type() == v.scalar_type(), "K and V: CUDA, same dtype");
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "K and V need a contiguous last dim");
+  const int64_t b = k.size(0), h = k.size(1), t = k.size(2);
+  TORCH_CHECK(t % 32 == 0, "a packed block needs a multiple of 32 tokens, got ", t);
+  const c10::cuda::CUDAGuard guard(k.device());
+  auto i32 = k.options().dtype(torch::kInt32), f16 = k.options().dtype(torch::kHalf);
+  auto kc = torch::empty({b, h, t / 16, D}, i32), ks = torch::empty({b, h, t / 32, D}, f16), kz = torch::empty_like(ks);
+  auto vc = torch::empty({b, h, t, D / 16}, i32), vs = torch::empty({b, h, t, D / 32}, f16), vz = torch::empty_like(vs);
+  auto norms = torch::ones({b, t}, k.options().dtype(torch::kFloat32));
+  oscar::PackParams p{k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+                      v.stride(2), kc.data_ptr<int32_t>(), reinterpret_cast<__half*>(ks.data_ptr()),
+                      reinterpret_cast<__half*>(kz.data_ptr()), vc.data_ptr<int32_t>(),
+                      reinterpret_cast<__half*>(vs.data_ptr()), reinterpret_cast<__half*>(vz.data_ptr()),
+                      norms.data_ptr<float>(), static_cast<int>(h), static_cast<int>(t), rotate, token_norm};
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  cudaError_t e;
+  switch (k.scalar_type()) {
+    case torch::kHalf: e = oscar::launch_pack<D, __half>(p, b, stream); break;
+    case torch::kBFloat16: e = oscar::launch_pack<D, __nv_bfloat16>(p, b, stream); break;
+    case torch::kFloat32: e = oscar::launch_pack<D, float>(p, b, stream); break;
+    default: TORCH_CHECK(false, "K/V dtype must be fp16, bf16 or fp32, got ", k.scalar_type());
+  }
+  check_cuda(e, "oscar pack launch");
+  return {kc, ks, kz, vc, vs, vz, norms};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode", &decode, "OScaR split-KV decode attention over the packed INT2 cache");
+  m.def("pack", &pack, "OScaR rotate + token norm + INT2 quantize + pack of a block of K, V");
+  m.attr("head_dim") = D;
+}

@@ -1,0 +1,378 @@
+"""`oscar-eval bench`: kernel and end-to-end decode benchmarks (GPU), JSON under results/bench/ + a table.
+
+Kernels: OScaR INT2 decode attention (CUDA and Triton) against the best BF16 decode on the same GPU
+(SDPA flash and cuDNN with enable_gqa, optionally compiled FlexAttention), one query token, for the KV
+shapes of the target models. Time = median of triton.testing.do_bench (which flushes L2 between runs).
+Effective bandwidth = bytes the step must read (packed codes, scales, norms, window) / time; copy
+bandwidth is measured in the same run. Pack: a 128-token flush block (per decode step = 1/128 of it)
+and a whole prefill (bytes read + written / time).
+End to end: a Qwen3-8B-shaped Qwen3ForCausalLM with random bf16 weights, caches filled directly at the
+target length, one decode step through model.forward: BF16 (preallocated cache, SDPA) vs OScaR
+(packed cache, the kernels through AttentionInterface).
+"""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+SHAPES = {  # name: (query heads, KV heads, head_dim)
+    "qwen3-8b": (32, 8, 128),
+    "llava-7b": (32, 32, 128),
+    "qwen3-omni-thinker": (32, 4, 128),
+}
+POINTS = "1x1024,1x4096,1x32768,1x131072,16x32768,64x4096"
+E2E_CONTEXTS = "4096,32768,131072"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--what", choices=["kernels", "e2e", "all"], default="all")
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {list(SHAPES)}")
+    p.add_argument("--points", default=POINTS, help="comma list of BATCHxCONTEXT")
+    p.add_argument("--backends", default="cuda,triton",
+                   help="OScaR variants to time: cuda, triton, or backend:opt=value,... (e.g. cuda:min_blocks=2)")
+    p.add_argument("--flex", action="store_true", help="also time compiled FlexAttention (slow to compile)")
+    p.add_argument("--e2e-contexts", default=E2E_CONTEXTS)
+    p.add_argument("--e2e-steps", type=int, default=20)
+    p.add_argument("--out", default=None, help="JSON path (default results/bench/bench-<time>.json)")
+
+
+def _median_us(fn, warmup=25, rep=100) -> float:
+    import triton.testing
+
+    return 1e3 * triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second (1 GiB buffer)."""
+    import torch
+
+    x = torch.empty(2**28, dtype=torch.float32, device="cuda").normal_()
+    y = torch.empty_like(x)
+    us = _median_us(lambda: y.copy_(x))
+    return 2 * 2**30 / (us * 1e-6)
+
+
+def bf16_baselines(q, k, v, flex: bool) -> dict:
+    """Times (us) of the BF16 decodes; a backend that cannot run records its error instead."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    res = {}
+    for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+        def run(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        try:
+            run()
+            res[name] = _median_us(run)
+        except RuntimeError as e:
+            res[name] = f"error: {str(e).splitlines()[0][:160]}"
+    if flex:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        import torch._dynamo
+
+        # One compile per shape: past dynamo's default recompile limit (8) flex_attention silently falls
+        # back to an unfused implementation, whose times are not FlexAttention's.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+        compiled = torch.compile(flex_attention, dynamic=False)
+        try:
+            compiled(q, k, v, enable_gqa=True)
+            res["flex"] = _median_us(lambda: compiled(q, k, v, enable_gqa=True))
+        except Exception as e:  # noqa: BLE001  (compile failures come in many types; record, go on)
+            res["flex"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return res
+
+
+def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bool, res_tokens: int = 64) -> dict:
+    """One (shape, batch, context) point: BF16 baselines, OScaR pack and decode per backend."""
+    import torch
+
+    from quant.kernels import pack_kv
+    from quant.kernels.common import bytes_read
+    from quant.kernels.reference import relative_error
+    from quant.packed import PackedKV
+    from quant.primitives import hadamard
+
+    hq, hkv, d = SHAPES[shape]
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(batch * 7 + ctx)
+    bf = torch.bfloat16
+    q = torch.randn(batch, hq, 1, d, device=dev, generator=g).to(bf)
+    k = torch.randn(batch, hkv, ctx, d, device=dev, generator=g).to(bf)
+    v = torch.randn(batch, hkv, ctx, d, device=dev, generator=g).to(bf)
+    row = {"shape": shape, "batch": batch, "context": ctx, "bf16_bytes": 2 * k.nbytes}
+    row.update(bf16_baselines(q, k, v, flex))
+    tq = ctx - res_tokens  # packed tokens; the window holds the rest (a multiple of 128 below)
+    tq -= tq % 128
+    kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda")
+    kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device=dev))
+    row["oscar_bytes"] = bytes_read(kv)
+    row["pack_prefill_us"] = _median_us(lambda: pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda"), 5, 20)
+    row["pack_prefill_bytes"] = 2 * k[:, :, :tq].nbytes + bytes_read(PackedKV(kq, vq, norms, k[:, :, :0],
+                                                                            v[:, :, :0], None))
+    blk_k, blk_v = k[:, :, :128].contiguous(), v[:, :, :128].contiguous()
+    row["pack_block128_us"] = _median_us(lambda: pack_kv(blk_k, blk_v, backend="cuda"))
+    outs = {}
+    for be in backends:
+        fn = _decode_fn(be, q, kv, d**-0.5)
+        try:
+            outs[be] = fn()
+        except Exception as e:  # noqa: BLE001  (one backend failing must not hide the others' numbers)
+            row[f"oscar_{be}_us"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            continue
+        row[f"oscar_{be}_us"] = _median_us(fn)
+        row[f"oscar_{be}_graph_us"] = _graph_us(fn)  # GPU time without the Python launch overhead
+    if len(outs) > 1:  # agreement of the first two variants (e.g. CUDA vs Triton), relative L2
+        (na, a), (nb, b) = list(outs.items())[:2]
+        row[f"rel_diff_{na}_vs_{nb}"] = relative_error(a.float(), b.float())
+    return row
+
+
+def _decode_fn(variant: str, q, kv, scaling):
+    """variant: 'cuda' | 'triton' | 'cuda:min_blocks=2,waves=1' (options of the backend's launcher)."""
+    from quant.kernels import decode_attention
+
+    backend, _, opts = variant.partition(":")
+    options = {k: (float(v) if "." in v else int(v)) for k, v in (o.split("=") for o in opts.split(",") if o)}
+    return lambda: decode_attention(q, kv, scaling, backend=backend, **options)
+
+
+def _graph_us(fn) -> float | str:
+    """Median time of a CUDA-graph replay of fn (the kernels alone, no Python between them)."""
+    import torch
+
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return _median_us(g.replay)
+    except Exception as e:  # noqa: BLE001
+        return f"error: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+
+def summarize(row: dict, copy_bw: float) -> dict:
+    """Best BF16, speedups and bandwidth fractions of one kernel row."""
+    bf16 = {k: v for k, v in row.items() if k in ("sdpa_flash", "sdpa_cudnn", "flex") and isinstance(v, float)}
+    best = min(bf16.values()) if bf16 else math.nan
+    out = {"best_bf16_us": best, "best_bf16": min(bf16, key=bf16.get) if bf16 else None}
+    for key, t in list(row.items()):
+        if key.startswith("oscar_") and key.endswith("_us") and isinstance(t, float):
+            be = key[len("oscar_"):-len("_us")]
+            out[f"speedup_{be}"] = best / t
+            out[f"bw_frac_{be}"] = row["oscar_bytes"] / (t * 1e-6) / copy_bw
+    out["pack_step_frac_of_cuda_attention"] = (row["pack_block128_us"] / 128) / row.get("oscar_cuda_us", math.nan)
+    out["pack_prefill_bw_frac"] = row["pack_prefill_bytes"] / (row["pack_prefill_us"] * 1e-6) / copy_bw
+    return out
+
+
+def run_kernels(args, copy_bw: float) -> list[dict]:
+    import torch
+
+    rows = []
+    backends = [b for b in args.backends.split(",") if b]
+    for shape in args.shapes.split(","):
+        if shape not in SHAPES:
+            raise SystemExit(f"unknown shape {shape!r}; choose from {list(SHAPES)}")
+        for point in args.points.split(","):
+            batch, ctx = (int(x) for x in point.lower().split("x"))
+            try:
+                row = kernel_point(shape, batch, ctx, backends, args.flex)
+                row.update(summarize(row, copy_bw))
+            except torch.cuda.OutOfMemoryError as e:
+                row = {"shape": shape, "batch": batch, "context": ctx, "error": f"OOM: {str(e)[:120]}"}
+            rows.append(row)
+            print(_kernel_line(row), flush=True)
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _kernel_line(r: dict) -> str:
+    """shape BxL | bf16 flash / cudnn us | per OScaR variant: us, graph us, speedup, bandwidth fraction."""
+    if "error" in r:
+        return f"{r['shape']:>18} {r['batch']:>3}x{r['context']:<6} {r['error']}"
+    num = lambda x, w=".1f": format(x, w) if isinstance(x, float) else "-"  # noqa: E731
+    parts = [f"{r['shape']:>18} {r['batch']:>3}x{r['context']:<6} flash {num(r.get('sdpa_flash'))} cudnn "
+             f"{num(r.get('sdpa_cudnn'))}" + (f" flex {num(r.get('flex'))}" if "flex" in r else "")]
+    for key in r:
+        if key.startswith("oscar_") and key.endswith("_us") and not key.endswith("_graph_us"):
+            be = key[len("oscar_"):-len("_us")]
+            parts.append(f"| {be} {num(r[key])} g{num(r.get(f'oscar_{be}_graph_us'))} x{num(r.get(f'speedup_{be}'), '.2f')}"
+                         f" bw{num(r.get(f'bw_frac_{be}'), '.2f')}")
+    parts.append(f"| pack/step {num(r.get('pack_step_frac_of_cuda_attention'), '.3f')} prefill-bw "
+                 f"{num(r.get('pack_prefill_bw_frac'), '.2f')}")
+    return " ".join(parts)
+
+
+def qwen3_8b_config():
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                       max_position_embeddings=262144, rope_theta=1_000_000.0, tie_word_embeddings=False)
+
+
+def build_model(cfg):
+    """Random-weight bf16 model on the GPU, attention through quant.kernels.hf_decode.packed_attention."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from quant.kernels.hf_decode import register
+
+    name = register()
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = Qwen3ForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(default)
+    model.config._attn_implementation = name
+    return model
+
+
+def make_cache(kind: str, cfg, batch: int, ctx: int, steps: int, backend: str | None):
+    """A cache of `kind` (bf16 | oscar) filled with random K/V at `ctx` tokens for every layer."""
+    from transformers.cache_utils import Cache
+
+    from quant.kernels.hf_decode import DenseDecodeLayer, PackedDecodeLayer
+
+    cap = ctx + steps + 256
+    make = (lambda: DenseDecodeLayer(cap)) if kind == "bf16" else (lambda: PackedDecodeLayer(cap, backend))
+    layers = [make() for _ in range(cfg.num_hidden_layers)]
+    hkv, d = cfg.num_key_value_heads, cfg.head_dim
+    layers[0].fill_random(batch, hkv, d, ctx, "cuda")
+    for layer in layers[1:]:  # the same values in every layer: speed does not depend on them
+        layer.copy_from(layers[0])
+    return Cache(layers=layers)
+
+
+def _sdpa_order():
+    from torch.nn.attention import SDPBackend
+
+    # BF16 layers go through SDPA: prefer cuDNN, then flash (the fastest BF16 decodes, KERNELS.md).
+    return [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def decode_step_ms(model, cache, batch: int, steps: int) -> tuple[float, float | str]:
+    """(eager, graph) time of one decode step in ms. Eager: median wall time of model.forward of one token
+    per sequence (synchronized; includes Python). Graph: the same step captured once in a CUDA graph and
+    replayed (the GPU time; each replay rewrites the same cache slot, which speed does not depend on)."""
+    import torch
+    from torch.nn.attention import sdpa_kernel
+
+    tok = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
+    step = lambda: model(tok, past_key_values=cache, use_cache=True, logits_to_keep=1)  # noqa: E731
+    times = []
+    with torch.inference_mode(), sdpa_kernel(_sdpa_order(), set_priority=True):
+        for i in range(steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            if i >= 3:  # warm-up steps: allocator, kernel builds, cuDNN plans
+                times.append(time.perf_counter() - t0)
+        graph = _graph_us(step)
+    return 1e3 * sorted(times)[len(times) // 2], graph / 1e3 if isinstance(graph, float) else graph
+
+
+def e2e_point(model, cfg, kind, batch, ctx, steps, backend) -> dict:
+    import torch
+
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    cache = make_cache(kind, cfg, batch, ctx, steps, backend)
+    kv_bytes = sum(layer.nbytes() for layer in cache.layers)
+    ms, graph_ms = decode_step_ms(model, cache, batch, steps)
+    row = {"kind": kind, "batch": batch, "context": ctx, "step_ms": ms, "tokens_per_s": batch / ms * 1e3,
+           "graph_step_ms": graph_ms, "kv_bytes": kv_bytes, "peak_bytes": torch.cuda.max_memory_allocated()}
+    if isinstance(graph_ms, float):
+        row["graph_tokens_per_s"] = batch / graph_ms * 1e3
+    del cache
+    torch.cuda.empty_cache()
+    return row
+
+
+def largest_batch(model, cfg, kind, ctx, steps, backend) -> dict:
+    """Tokens/s at the largest batch whose cache fits (estimated from free memory, then stepped down)."""
+    import torch
+
+    probe = e2e_point(model, cfg, kind, 1, 4096, 5, backend)
+    per_token = probe["kv_bytes"] / (4096 + 5 + 256)
+    free = torch.cuda.mem_get_info()[0] - 6 * 2**30  # activations, logits, allocator slack
+    batch = max(1, int(free / (per_token * (ctx + steps + 256))))
+    while batch >= 1:
+        try:
+            return e2e_point(model, cfg, kind, batch, ctx, steps, backend)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            batch = int(batch * 0.85) if batch > 1 else 0
+    return {"kind": kind, "context": ctx, "error": "batch 1 does not fit"}
+
+
+def run_e2e(args) -> list[dict]:
+    cfg = qwen3_8b_config()
+    model = build_model(cfg)
+    backend = [b for b in args.backends.split(",") if b][0].partition(":")[0]
+    rows = []
+    for ctx in (int(c) for c in args.e2e_contexts.split(",")):
+        for kind in ("bf16", "oscar"):
+            rows.append(e2e_point(model, cfg, kind, 1, ctx, args.e2e_steps, backend))
+            print(_e2e_line(rows[-1]), flush=True)
+    ctx = max(int(c) for c in args.e2e_contexts.split(","))
+    for kind in ("bf16", "oscar"):
+        rows.append({**largest_batch(model, cfg, kind, ctx, max(8, args.e2e_steps // 2), backend), "largest": True})
+        print(_e2e_line(rows[-1]), flush=True)
+    return rows
+
+
+def _e2e_line(r: dict) -> str:
+    if "error" in r:
+        return f"e2e {r['kind']:>5} ctx {r['context']}: {r['error']}"
+    g = r.get("graph_step_ms")
+    g = f"{g:8.2f}" if isinstance(g, float) else str(g)[:60]
+    return (f"e2e {r['kind']:>5} {r['batch']:>3}x{r['context']:<6} step {r['step_ms']:8.2f} ms (graph {g}) "
+            f"{r['tokens_per_s']:9.1f} tok/s  KV {r['kv_bytes'] / 2**30:7.2f} GiB  peak {r['peak_bytes'] / 2**30:6.2f} GiB")
+
+
+def environment() -> dict:
+    import torch
+    import transformers
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    return {"device": p.name, "sms": p.multi_processor_count, "memory_bytes": p.total_memory,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version()}
+
+
+def main(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("oscar-eval bench needs a CUDA GPU (the kernels and the timings are GPU-only); none is visible")
+        return 2
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.out or f"results/bench/bench-{stamp}.json")
+    result = {"date": stamp, "environment": environment(), "copy_bandwidth_Bps": copy_bandwidth()}
+    print(f"{result['environment']['device']}: copy {result['copy_bandwidth_Bps'] / 1e12:.2f} TB/s", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.what in ("kernels", "all"):
+        result["kernels"] = run_kernels(args, result["copy_bandwidth_Bps"])
+        out.write_text(json.dumps(result, indent=1, default=str))  # kept even if the e2e part dies
+    if args.what in ("e2e", "all"):
+        result["e2e"] = run_e2e(args)
+        out.write_text(json.dumps(result, indent=1, default=str))
+    print(f"wrote {out}")
+    return 0

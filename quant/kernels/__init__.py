@@ -1,0 +1,63 @@
+"""Fast OScaR kernels: decode attention over the packed cache and the fused append/pack.
+
+Backends (same numbers up to rounding, chosen at run time):
+- "cuda":   csrc/ through torch.utils.cpp_extension (quant.kernels.cuda), needs a CUDA GPU (sm_80+) and nvcc;
+- "triton": quant.kernels.triton_decode / triton_pack, any GPU Triton supports, or the CPU under
+            TRITON_INTERPRET=1 (what CI runs, small shapes only);
+- "torch":  the reference (quant.attention.packed_attention_reference, quant.methods.oscar.pack_block).
+`default_backend(device)` picks "cuda" on a CUDA device when nvcc is there, else "triton" on CUDA, else
+"torch". The environment variable OSCAR_KERNEL_BACKEND overrides it.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+
+import torch
+
+BACKENDS = ("cuda", "triton", "torch")
+
+
+def default_backend(device: torch.device | str) -> str:
+    forced = os.environ.get("OSCAR_KERNEL_BACKEND")
+    if forced:
+        if forced not in BACKENDS:
+            raise ValueError(f"OSCAR_KERNEL_BACKEND={forced!r}; choose one of {BACKENDS}")
+        return forced
+    if torch.device(device).type != "cuda":
+        return "torch"
+    has_nvcc = shutil.which("nvcc") is not None or bool(os.environ.get("CUDA_HOME"))
+    return "cuda" if has_nvcc else "triton"
+
+
+def _module(backend: str, kind: str):
+    if backend not in ("cuda", "triton"):
+        raise ValueError(f"unknown kernel backend {backend!r}; choose one of {BACKENDS}")
+    name = "quant.kernels.cuda" if backend == "cuda" else f"quant.kernels.triton_{kind}"
+    return importlib.import_module(name)
+
+
+def decode_attention(query, kv, scaling: float, backend: str | None = None, **options):
+    """Attention of query [B, Hq, Lq, D] over a quant.packed.PackedKV -> [B, Hq, Lq, D] (query dtype).
+
+    options: kv_lens, res_lens (valid tokens per sequence), split_tokens (split-KV size).
+    """
+    backend = backend or default_backend(query.device)
+    if backend == "torch":
+        from quant.attention import packed_attention_reference
+
+        return packed_attention_reference(query, kv, scaling)
+    return _module(backend, "decode").decode_attention(query, kv, scaling, **options)
+
+
+def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, backend: str | None = None):
+    """OScaR pack of a block K, V [B, H, T, D] (T % 32 == 0): (k_q, v_q, norms) as oscar.pack_block."""
+    backend = backend or default_backend(k.device)
+    if backend == "torch":
+        from quant.methods.oscar import OScaRConfig, pack_block
+        from quant.primitives import hadamard
+
+        cfg = OScaRConfig(rotation="hadamard" if rotate else "none", token_norm=token_norm)
+        return pack_block(k, v, cfg, hadamard(k.shape[-1], device=k.device) if rotate else None)
+    return _module(backend, "pack").pack_kv(k, v, rotate, token_norm)

@@ -1,0 +1,122 @@
+"""Loader and launchers for the CUDA kernels in csrc/ (built on demand, cached).
+
+`load(head_dim)` compiles csrc/oscar_bindings.cu through torch.utils.cpp_extension.load for one
+specialization (head dim, target arch, register budget) under a deterministic name that includes a
+hash of the sources and flags, in a cache directory (OSCAR_KERNEL_CACHE, else
+$XDG_CACHE_HOME/oscar-eval/kernels, else ~/.cache/oscar-eval/kernels): the first call builds (about a
+minute), later calls and later processes reuse the build.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+from quant.kernels.common import choose_split, num_sms, prepare_decode
+from quant.packed import PackedKV, QTensor
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+SOURCES = ("oscar_bindings.cu", "include/oscar_common.cuh", "include/oscar_decode.cuh",
+           "include/oscar_decode_impl.cuh", "include/oscar_combine.cuh", "include/oscar_pack.cuh")
+
+
+def cache_dir() -> Path:
+    if os.environ.get("OSCAR_KERNEL_CACHE"):
+        return Path(os.environ["OSCAR_KERNEL_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "oscar-eval" / "kernels"
+
+
+def target_arch(device: torch.device | None = None) -> str:
+    """'90a' on Hopper (sm_90a), else the device's 'XY'. The kernels need mma.sync: sm_80 or newer."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        raise RuntimeError(f"the OScaR CUDA kernels need compute capability >= 8.0, this GPU has {major}.{minor}")
+    return "90a" if (major, minor) == (9, 0) else f"{major}{minor}"
+
+
+def build_flags(head_dim: int, arch: str, min_blocks: int) -> list[str]:
+    return ["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-DOSCAR_HEAD_DIM={head_dim}",
+            f"-DOSCAR_MIN_BLOCKS={min_blocks}", "-lineinfo"]
+
+
+def specialization_name(head_dim: int, arch: str, min_blocks: int) -> str:
+    """oscar_d{D}_sm{arch}_b{min_blocks}_{hash of sources and flags}: one build per specialization."""
+    h = hashlib.sha256()
+    for rel in SOURCES:
+        h.update((CSRC / rel).read_bytes())
+    h.update(" ".join(build_flags(head_dim, arch, min_blocks)).encode())
+    return f"oscar_d{head_dim}_sm{arch}_b{min_blocks}_{h.hexdigest()[:12]}"
+
+
+@functools.lru_cache(maxsize=None)
+def load(head_dim: int, arch: str | None = None, min_blocks: int = 2, verbose: bool = False):
+    """Build (or reuse) and import the extension for one head dim; returns the module (decode, pack)."""
+    from torch.utils.cpp_extension import load as cpp_load
+
+    if head_dim not in (64, 128):
+        raise ValueError(f"head_dim {head_dim} is not supported by the CUDA kernels (64 or 128)")
+    arch = arch or target_arch()
+    name = specialization_name(head_dim, arch, min_blocks)
+    build = cache_dir() / name
+    build.mkdir(parents=True, exist_ok=True)
+    return cpp_load(name=name, sources=[str(CSRC / "oscar_bindings.cu")], extra_cuda_cflags=build_flags(
+        head_dim, arch, min_blocks), extra_include_paths=[str(CSRC)], build_directory=str(build), verbose=verbose)
+
+
+_SYLVESTER_CHECKED: dict[tuple[int, int], bool] = {}
+
+
+def _is_sylvester(hd: torch.Tensor) -> bool:
+    """The kernels rotate with a butterfly: Hd must be the natural-order Sylvester Hadamard (checked once
+    per tensor, so the per-step path does not synchronize)."""
+    key = (hd.data_ptr(), hd.shape[0])
+    if key not in _SYLVESTER_CHECKED:
+        from quant.primitives import hadamard
+
+        ref = hadamard(hd.shape[0], device=hd.device, dtype=torch.float32)
+        _SYLVESTER_CHECKED[key] = bool(torch.allclose(hd.float(), ref, atol=1e-6))
+    return _SYLVESTER_CHECKED[key]
+
+
+def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None,
+                     split_tokens: int | None = None, min_blocks: int = 2, waves: float | None = None) -> torch.Tensor:
+    """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
+
+    Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16.
+    min_blocks: CTAs per SM the build's register budget allows (a specialization); waves: split-KV plan
+    size in units of the device's resident CTAs (SMs * min_blocks); default 1 when B * Hkv <= 32, else 2
+    (the best of 1, 2, 4 on an H200 for the shapes in quant/kernels/NOTES.md).
+    """
+    if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
+        raise ValueError("the CUDA kernels rotate with the Sylvester Hadamard; this cache uses another "
+                         "rotation: use backend='triton' or 'torch'")
+    x = prepare_decode(query, kv, kv_lens, res_lens, rotate_query=False)
+    if x.group * x.lq > 16:
+        raise ValueError(f"(Hq / Hkv) * Lq = {x.group * x.lq} query rows per KV head exceed the 16 rows of one "
+                         "tensor-core tile: use backend='triton' or fewer speculative tokens")
+    if split_tokens is None:
+        slots = num_sms(query.device) * min_blocks
+        waves = waves if waves is not None else (1.0 if x.batch * x.kv_heads <= 32 else 2.0)
+        split_tokens, splits = choose_split(x.tokens, x.batch * x.kv_heads, 128, slots, waves)
+        while splits + 1 > 1024:  # the combine kernel's limit
+            split_tokens *= 2
+            splits = -(-x.tokens // split_tokens)
+    else:
+        splits = -(-x.tokens // split_tokens) if x.tokens else 0
+    mod = load(x.head_dim, min_blocks=min_blocks)
+    out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
+                     x.tokens, splits, split_tokens, float(scaling), kv.hadamard is not None)
+    return out.to(query.dtype)
+
+
+def pack_kv(k: torch.Tensor, v: torch.Tensor, rotate: bool = True, token_norm: bool = True):
+    """Quantize and pack K, V [B, H, T, D] (T % 32 == 0) with the CUDA kernel; same return value as
+    quant.methods.oscar.pack_block: (k_q QTensor axis -2, v_q QTensor axis -1, norms fp32 [B, T] or None)."""
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        k, v = k.contiguous(), v.contiguous()
+    kc, ks, kz, vc, vs, vz, norms = load(k.shape[-1]).pack(k, v, rotate, token_norm)
+    return QTensor(kc, ks, kz, 2, 32, -2), QTensor(vc, vs, vz, 2, 32, -1), norms if token_norm else None

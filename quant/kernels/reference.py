@@ -1,0 +1,106 @@
+"""Oracles the kernels are tested against: the PackedKV attention formula in float64 and in bf16.
+
+PackedKV (quant/packed.py), per query head (GQA maps it to its KV head h = head // group):
+    s_j = scaling * ((q @ Hd) . k_hat_j) * n_j      quantized j < kv_len
+    s_r = scaling * q . k_res_r                      residual r < res_len (causal among the Lq new tokens)
+    out = softmax(s) @ [v_hat @ Hd ; v_res]
+`attention_f64` evaluates exactly that in float64 (the truth); `attention_bf16` is the same function as
+a plain bf16 torch implementation would compute it (the error budget: a kernel may be at most 2x as far
+from the truth as this one, FlashAttention's rule).
+"""
+from __future__ import annotations
+
+import torch
+
+from quant.packed import PackedKV
+
+
+def _lens(lens, default: int, batch: int) -> list[int]:
+    if lens is None:
+        return [default] * batch
+    return [int(x) for x in torch.as_tensor(lens).reshape(-1).tolist()]
+
+
+def dequantized_kv(kv: PackedKV, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of the quantized part in the model basis: (K_unit_hat * n) @ Hd, V_hat @ Hd, [B, Hkv, T, D]."""
+    k = kv.k.dequantize().to(dtype)
+    if kv.norms is not None:
+        k = k * kv.norms.to(dtype)[:, None, :, None]
+    v = kv.v.dequantize().to(dtype)
+    if kv.hadamard is not None:
+        hd = kv.hadamard.to(dtype)
+        k, v = k @ hd, v @ hd
+    return k, v
+
+
+def _attention(query, k_all, v_all, scaling, kv_lens, res_lens, t, dtype, softmax_dtype):
+    """Masked attention per sequence; k_all/v_all [B, Hkv, T + Tr, D] with the quantized part first."""
+    b, hq, lq, d = query.shape
+    hkv = k_all.shape[1]
+    out = torch.empty(b, hq, lq, d, dtype=dtype)
+    for i in range(b):
+        keep = list(range(kv_lens[i])) + list(range(t, t + res_lens[i]))
+        k = k_all[i, :, keep].repeat_interleave(hq // hkv, 0)  # [Hq, L, D]
+        v = v_all[i, :, keep].repeat_interleave(hq // hkv, 0)
+        s = (query[i].to(dtype) @ k.transpose(-1, -2)) * scaling  # [Hq, Lq, L]
+        # New token a (of Lq) sees residual positions < res_len - Lq + 1 + a.
+        pos = torch.arange(len(keep)) - kv_lens[i]
+        limit = res_lens[i] - lq + 1 + torch.arange(lq)
+        s = s.masked_fill((pos[None, :] >= limit[:, None])[None], float("-inf"))
+        p = torch.softmax(s.to(softmax_dtype), -1).to(dtype)
+        out[i] = p @ v
+    return out
+
+
+def attention_f64(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None) -> torch.Tensor:
+    """The PackedKV formula in float64 on the CPU. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] float64."""
+    b = query.shape[0]
+    t = kv.num_quantized
+    f64 = torch.float64
+    if t:
+        kq, vq = dequantized_kv(kv, f64)
+        k_all = torch.cat([kq.cpu(), kv.k_res.cpu().to(f64)], 2)
+        v_all = torch.cat([vq.cpu(), kv.v_res.cpu().to(f64)], 2)
+    else:
+        k_all, v_all = kv.k_res.cpu().to(f64), kv.v_res.cpu().to(f64)
+    return _attention(query.cpu().to(f64), k_all, v_all, scaling, _lens(kv_lens, t, b),
+                      _lens(res_lens, kv.k_res.shape[2], b), t, f64, f64)
+
+
+def attention_bf16(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None) -> torch.Tensor:
+    """The same attention as a bf16 torch implementation computes it: bf16 K/V and matmuls, fp32 softmax."""
+    b = query.shape[0]
+    t = kv.num_quantized
+    bf = torch.bfloat16
+    if t:
+        kq, vq = dequantized_kv(kv, torch.float32)
+        k_all = torch.cat([kq.cpu().to(bf), kv.k_res.cpu().to(bf)], 2)
+        v_all = torch.cat([vq.cpu().to(bf), kv.v_res.cpu().to(bf)], 2)
+    else:
+        k_all, v_all = kv.k_res.cpu().to(bf), kv.v_res.cpu().to(bf)
+    return _attention(query.cpu().to(bf), k_all, v_all, scaling, _lens(kv_lens, t, b),
+                      _lens(res_lens, kv.k_res.shape[2], b), t, bf, torch.float32)
+
+
+def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64."""
+    x, ref = x.cpu().double(), ref.cpu().double()
+    return float((x - ref).norm() / ref.norm())
+
+
+def random_packed_kv(b: int, hkv: int, t: int, tr: int, d: int, seed: int, rotate: bool = True,
+                     token_norm: bool = True, device="cpu", res_dtype=torch.bfloat16) -> PackedKV:
+    """A PackedKV made by the reference packer (quant.methods.oscar.pack_block) from fresh random K/V
+    (keys with per-channel outlier scales, as real keys have), plus a random residual window of tr tokens."""
+    from quant.methods.oscar import OScaRConfig, pack_block
+    from quant.primitives import hadamard
+
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(b, hkv, t, d, generator=g) * (1 + 4 * torch.rand(d, generator=g))
+    v = torch.randn(b, hkv, t, d, generator=g)
+    rot = hadamard(d) if rotate else None
+    cfg = OScaRConfig(rotation="hadamard" if rotate else "none", token_norm=token_norm)
+    kq, vq, n = pack_block(k.to(device), v.to(device), cfg, rot.to(device) if rot is not None else None)
+    k_res = torch.randn(b, hkv, tr, d, generator=g).to(device=device, dtype=res_dtype)
+    v_res = torch.randn(b, hkv, tr, d, generator=g).to(device=device, dtype=res_dtype)
+    return PackedKV(kq, vq, n, k_res, v_res, rot.to(device) if rot is not None else None)

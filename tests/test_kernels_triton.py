@@ -1,0 +1,123 @@
+"""Triton OScaR kernels against the float64 oracle (decode) and the reference packer (pack).
+
+On a machine without a GPU the kernels run under the Triton interpreter (TRITON_INTERPRET=1, set
+before triton is imported), on small shapes. Rule for attention (FlashAttention's): the kernel's
+error against float64 is at most 2x the error of a plain bf16 torch implementation of the same formula.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+
+from quant.kernels import triton_decode, triton_pack  # noqa: E402
+from quant.kernels.reference import attention_bf16, attention_f64, random_packed_kv, relative_error  # noqa: E402
+from quant.methods.oscar import OScaRConfig, pack_block  # noqa: E402
+from quant.packed import PackedKV  # noqa: E402
+from quant.primitives import hadamard  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_cache(b, hkv, t, tr, d, seed, rotate=True, token_norm=True):
+    return random_packed_kv(b, hkv, t, tr, d, seed, rotate, token_norm, device=DEV)
+
+
+def check_decode(kv, group, lq, kv_lens, res_lens, seed, split_tokens=64):
+    b, hkv, d = kv.k_res.shape[0], kv.k_res.shape[1], kv.k_res.shape[3]
+    q = torch.randn(b, hkv * group, lq, d, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    scaling = d**-0.5
+    out = triton_decode.decode_attention(q.to(DEV), kv, scaling, kv_lens=kv_lens, res_lens=res_lens,
+                                         split_tokens=split_tokens)
+    assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(out).all()
+    ref = attention_f64(q, kv, scaling, kv_lens, res_lens)
+    err, budget = relative_error(out, ref), relative_error(attention_bf16(q, kv, scaling, kv_lens, res_lens), ref)
+    assert err <= 2 * budget, f"kernel error {err:.2e} > 2 x bf16 error {budget:.2e}"
+
+
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_decode_gqa_mixed_lengths(group):
+    # Quantized lengths not multiples of 32/128, residual lengths 37 / 5, splits of 64 tokens.
+    kv = make_cache(2, 2, 192, 37, 64, seed=group)
+    check_decode(kv, group, 1, kv_lens=[192 - 19, 67], res_lens=[37, 5], seed=10 + group)
+
+
+def test_decode_head_dim_128_speculative():
+    # Lq = 2 new tokens (causal among themselves in the window), head_dim of the target models.
+    kv = make_cache(1, 1, 64, 9, 128, seed=3)
+    check_decode(kv, 4, 2, kv_lens=[45], res_lens=[9], seed=4)
+
+
+def test_decode_without_rotation_or_norm_and_empty_residual():
+    kv = make_cache(1, 2, 96, 0, 64, seed=5, rotate=False, token_norm=False)
+    check_decode(kv, 2, 1, kv_lens=[96], res_lens=[0], seed=6, split_tokens=128)
+
+
+def test_decode_residual_only():
+    kv = make_cache(2, 1, 32, 20, 64, seed=7)
+    kv = PackedKV(None, None, None, kv.k_res, kv.v_res, kv.hadamard)
+    check_decode(kv, 4, 1, kv_lens=None, res_lens=[20, 13], seed=8)
+
+
+def test_decode_matches_quant_attention_reference():
+    # The package's own torch path (quant.attention), not only this file's float64 oracle.
+    from quant.attention import packed_attention_reference
+
+    kv = make_cache(2, 2, 128, 21, 64, seed=21)
+    q = torch.randn(2, 8, 1, 64, generator=torch.Generator().manual_seed(22)).to(torch.bfloat16).to(DEV)
+    out = triton_decode.decode_attention(q, kv, 0.125, split_tokens=64)
+    ref = attention_f64(q, kv, 0.125)
+    assert relative_error(packed_attention_reference(q, kv, 0.125), ref) < 1e-2
+    assert relative_error(out, packed_attention_reference(q, kv, 0.125).double()) < 1e-2
+
+
+def test_decode_rejects_bad_lengths():
+    kv = make_cache(1, 1, 32, 4, 64, seed=9)
+    q = torch.randn(1, 4, 1, 64).to(torch.bfloat16).to(DEV)
+    with pytest.raises(ValueError, match="kv_lens must lie in"):
+        triton_decode.decode_attention(q, kv, 0.1, kv_lens=[33])
+    with pytest.raises(ValueError, match="only 4 in the full-precision window"):
+        triton_decode.decode_attention(torch.randn(1, 4, 5, 64).to(DEV), kv, 0.1)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        triton_decode.decode_attention(q[:, :3], PackedKV(kv.k, kv.v, kv.norms, kv.k_res.expand(1, 2, 4, 64),
+                                                           kv.v_res.expand(1, 2, 4, 64), kv.hadamard), 0.1)
+
+
+def test_pack_bit_exact_without_rotation():
+    g = torch.Generator().manual_seed(11)
+    k, v = torch.randn(2, 2, 64, 64, generator=g) * 3, torch.randn(2, 2, 64, 64, generator=g)
+    for token_norm in (False, True):
+        cfg = OScaRConfig(rotation="none", token_norm=token_norm)
+        ref = pack_block(k, v, cfg, None)
+        got = triton_pack.pack_kv(k.to(DEV), v.to(DEV), rotate=False, token_norm=token_norm)
+        for r, x in zip(ref[:2], got[:2]):
+            for name in ("codes", "scale", "zero"):
+                assert torch.equal(getattr(r, name), getattr(x, name).cpu()), f"{name} differs (norm={token_norm})"
+        if token_norm:
+            torch.testing.assert_close(got[2].cpu(), ref[2], rtol=1e-6, atol=0)
+
+
+def test_pack_rotated_matches_reference():
+    # With the rotation, fp32 summation order differs from the reference matmul by an ulp, which may flip
+    # a code sitting exactly on a rounding boundary; anything beyond that is a bug.
+    g = torch.Generator().manual_seed(12)
+    k = (torch.randn(1, 3, 64, 64, generator=g) * 2).to(torch.bfloat16)
+    v = torch.randn(1, 3, 64, 64, generator=g).to(torch.bfloat16)
+    ref = pack_block(k, v, OScaRConfig(), hadamard(64))
+    got = triton_pack.pack_kv(k.to(DEV), v.to(DEV))
+    torch.testing.assert_close(got[2].cpu(), ref[2], rtol=1e-5, atol=0)
+    for r, x in zip(ref[:2], got[:2]):
+        assert (r.unpacked() != x.unpacked().cpu()).float().mean() <= 1e-3
+        torch.testing.assert_close(x.scale.cpu().float(), r.scale.float(), rtol=2e-3, atol=1e-6)
+        torch.testing.assert_close(x.dequantize().cpu(), r.dequantize(), rtol=0, atol=2e-2 * r.dequantize().abs().max().item())
+
+
+def test_pack_rejects_partial_group():
+    k = torch.randn(1, 1, 40, 64)
+    with pytest.raises(ValueError, match="multiple of 32 tokens"):
+        triton_pack.pack_kv(k, k)
