@@ -64,7 +64,6 @@ class OTTLayer(QuantLayer):
             self.k_res, self.v_res = self.k_res[..., full:, :], self.v_res[..., full:, :]
 
     def _flush(self, kb: torch.Tensor, vb: torch.Tensor) -> None:
-        c = self.config
         b, h, t, d = kb.shape
         start = 0 if self.k_q is None else self.k_q.num_tokens
         if self.pool_size == 0:

@@ -9,29 +9,22 @@ interleaved by category so the first few cover every kind. One seed: the same se
 """
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import tempfile
 import wave
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tasks.common import COMPLETE_MARKER, ensure_built
+
 from tasks.mmau_pro.data import SAMPLE_RATE
 
 GENERATOR_VERSION = 1
 SEED = 20250819
-COMPLETE_MARKER = "COMPLETE"
 NOTES = {"C4": 261.63, "D4": 293.66, "E4": 329.63, "F4": 349.23, "G4": 392.00, "A3": 220.00, "A4": 440.00, "B3": 246.94, "D3": 146.83, "F3": 174.61}
 CHORDS = {"C major": ("C4", "E4", "G4"), "A minor": ("A3", "C4", "E4"), "G major": ("G4", "B3", "D4"), "D minor": ("D3", "F3", "A3")}
 SOUNDS = ("a steady pure tone", "white noise", "a rising pitch sweep", "silence")
-
-
-def cache_root() -> Path:
-    """$OSCAR_EVAL_CACHE, else ~/.cache/oscar-eval."""
-    return Path(os.environ.get("OSCAR_EVAL_CACHE") or Path.home() / ".cache" / "oscar-eval").expanduser()
 
 
 def _t(seconds: float) -> np.ndarray:
@@ -206,21 +199,5 @@ def build(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
 
 
 def ensure_generated(root: Path | None = None) -> Path:
-    """The generated set's folder, built first when missing (in a temporary folder, then renamed,
-    so parallel runs never see half a set)."""
-    final = (root or cache_root()) / f"mmau-pro-generated-v{GENERATOR_VERSION}"
-    if (final / COMPLETE_MARKER).exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".mmau-gen-", dir=final.parent))
-    try:
-        build(tmp)
-        if final.exists():  # an incomplete leftover from a killed run
-            shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    except OSError:
-        if not (final / COMPLETE_MARKER).exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    """The generated set's folder, built first when missing (see tasks.common.ensure_built)."""
+    return ensure_built(f"mmau-pro-generated-v{GENERATOR_VERSION}", build, root)

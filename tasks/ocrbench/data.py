@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tasks import common
 from tasks.base import TaskDataError
 
 HUB_ID = "echo840/OCRBench"
@@ -39,15 +40,9 @@ HOW_TO = (
 
 def load_items(data: str | None, limit: int | None = None) -> list[dict[str, Any]]:
     """Items from `data` (None = official data, "generated" = the generated set, else a path)."""
-    if data == "generated":
-        from tasks.ocrbench.generate import ensure_generated
+    from tasks.ocrbench.generate import ensure_generated
 
-        items = load_path(ensure_generated())
-    elif data is None:
-        items = load_official()
-    else:
-        items = load_path(Path(data))
-    return items if limit is None else items[:limit]
+    return common.load_items(data, limit, load_path=load_path, load_official=load_official, generated=ensure_generated)
 
 
 def load_official() -> list[dict[str, Any]]:

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from tasks.common import COMPLETE_MARKER, ensure_built
+
 GENERATOR_VERSION = 1  # bump when the generated content changes
 SEED = 20240611
 ITEMS_PER_CATEGORY = 3
-COMPLETE_MARKER = "COMPLETE"
 
 WORDS = (
     "centre friend chain close market extra cottage ahead times group under palace high grocery gallery "
@@ -35,11 +33,6 @@ NAMES = "bluebird sunrise maple lighthouse copper juniper harvest meadow".split(
 FONT_FILES = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf", "cmr10.ttf", "STIXGeneral.ttf")
 ITALIC_FONT_FILES = ("DejaVuSans-Oblique.ttf", "DejaVuSerif-Italic.ttf", "cmti10.ttf")
 BOLD_FONT_FILES = ("DejaVuSans-Bold.ttf", "DejaVuSerif-Bold.ttf", "STIXGeneralBol.ttf")
-
-
-def cache_root() -> Path:
-    """$OSCAR_EVAL_CACHE, else ~/.cache/oscar-eval."""
-    return Path(os.environ.get("OSCAR_EVAL_CACHE") or Path.home() / ".cache" / "oscar-eval").expanduser()
 
 
 def _font(rng: random.Random, files: tuple[str, ...], size: int, builtin_ok: bool = True):
@@ -201,21 +194,5 @@ def build(target: Path, seed: int = SEED, per_category: int = ITEMS_PER_CATEGORY
 
 
 def ensure_generated(root: Path | None = None) -> Path:
-    """The generated set's folder, built first when missing. Built in a temporary folder and renamed,
-    so parallel runs never see half a set."""
-    final = (root or cache_root()) / f"ocrbench-generated-v{GENERATOR_VERSION}"
-    if (final / COMPLETE_MARKER).exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".ocrbench-gen-", dir=final.parent))
-    try:
-        build(tmp)
-        if final.exists():  # an incomplete leftover from a killed run
-            shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    except OSError:
-        if not (final / COMPLETE_MARKER).exists():  # lost a race only if someone else finished
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    """The generated set's folder, built first when missing (see tasks.common.ensure_built)."""
+    return ensure_built(f"ocrbench-generated-v{GENERATOR_VERSION}", build, root)

@@ -1,0 +1,49 @@
+"""Pieces every task folder shares: where generated sets live, building one atomically, and the
+`data` argument's three meanings (None = official data, "generated" = the project's set, else a path)."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+COMPLETE_MARKER = "COMPLETE"
+
+
+def cache_root() -> Path:
+    """$OSCAR_EVAL_CACHE, else ~/.cache/oscar-eval."""
+    return Path(os.environ.get("OSCAR_EVAL_CACHE") or Path.home() / ".cache" / "oscar-eval").expanduser()
+
+
+def ensure_built(name: str, build: Callable[[Path], Any], root: Path | None = None) -> Path:
+    """The folder `root/name`, built first by `build(folder)` when it lacks the COMPLETE marker (which
+    `build` writes last). Built in a temporary folder and renamed, so parallel runs never see half a set."""
+    final = (root or cache_root()) / name
+    if (final / COMPLETE_MARKER).exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+    try:
+        build(tmp)
+        if final.exists():  # an incomplete leftover from a killed run
+            shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    except OSError:
+        if not (final / COMPLETE_MARKER).exists():  # lost a race only if someone else finished
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def load_items(data: str | None, limit: int | None, *, load_path: Callable[[Path], list],
+               load_official: Callable[[], list], generated: Callable[[], Path]) -> list[dict[str, Any]]:
+    """Items from `data`: None = official data, "generated" = the generated set, else a path."""
+    if data == "generated":
+        items = load_path(generated())
+    elif data is None:
+        items = load_official()
+    else:
+        items = load_path(Path(data))
+    return items if limit is None else items[:limit]
