@@ -94,7 +94,7 @@ class OscarEvalLMM(lmms):
     def adapter(self):
         """The adapter, (re)loaded on first use and after `clean()`."""
         if self._adapter is None:
-            from harness.models.common import load_adapter
+            from harness.models import load as load_adapter
 
             self._adapter = load_adapter(self.model_name, **self.load_options)
         return self._adapter

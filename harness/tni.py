@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from harness.models.base import MODALITIES, Prompt
-from harness.models.common import load_adapter
+from harness.models import load as load_adapter
 from quant import diagnostics as diag
 from quant.primitives import hadamard
 

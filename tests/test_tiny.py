@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from harness.models import tiny
-from harness.models.common import load_adapter, modality_tags, count_modalities
+from harness.models import load as load_adapter
+from harness.models.common import modality_tags, count_modalities
 from harness.models.qwen3_vl import smart_resize
 
 

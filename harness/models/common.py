@@ -47,18 +47,6 @@ def resolve_weights(hub_id: str, model_path: str | None = None) -> str:
         ) from err
 
 
-def load_adapter(name: str, **options):
-    """`harness.models.load`, plus the tiny-* replicas (harness.models.tiny) until the registry lists them."""
-    from harness.models import MODELS, load
-
-    if name not in MODELS:
-        from harness.models import tiny
-
-        if name in tiny.TINY_MODELS:
-            return tiny.build(name, device=options.get("device"), dtype=options.get("dtype"))
-    return load(name, **options)
-
-
 def load_kwargs(dtype: Any = None, device_map: Any = None) -> dict[str, Any]:
     """from_pretrained keywords: dtype ("bfloat16", torch.bfloat16, "auto", None) and device_map
     ("auto" spreads a large model over every visible GPU through accelerate)."""
