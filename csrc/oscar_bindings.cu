@@ -28,7 +28,7 @@ void check_cuda(cudaError_t e, const char* what) {
 torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch::Tensor kz, torch::Tensor vc,
                      torch::Tensor vs, torch::Tensor vz, torch::Tensor norms, torch::Tensor k_res,
                      torch::Tensor v_res, torch::Tensor kv_lens, torch::Tensor res_lens, int64_t tokens,
-                     int64_t num_splits, int64_t split_tokens, double scaling, bool rotate, bool mma_order) {
+                     int64_t num_splits, int64_t split_tokens, double scaling, bool rotate) {
   TORCH_CHECK(q.dim() == 4 && q.size(3) == D, "q must be [B, Hq, Lq, ", D, "]");
   const auto dt = q.scalar_type();
   TORCH_CHECK(dt == torch::kHalf || dt == torch::kBFloat16, "q must be fp16 or bf16");
@@ -57,7 +57,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                         res_lens.data_ptr<int32_t>(), part_o.data_ptr<float>(), part_ml.data_ptr<float>(),
                         out.data_ptr(), static_cast<int>(hkv), static_cast<int>(group), static_cast<int>(lq),
                         static_cast<int>(tokens), static_cast<int>(num_splits), static_cast<int>(split_tokens),
-                        static_cast<float>(scaling * 1.4426950408889634), rotate, mma_order};
+                        static_cast<float>(scaling * 1.4426950408889634), rotate};
   auto stream = c10::cuda::getCurrentCUDAStream();
   const cudaError_t e = dt == torch::kHalf ? oscar::launch_decode<D, __half>(p, b, stream)
                                            : oscar::launch_decode<D, __nv_bfloat16>(p, b, stream);

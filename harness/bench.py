@@ -135,20 +135,11 @@ def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bo
 
 
 def _decode_fn(variant: str, q, kv, scaling):
-    """variant: 'cuda' | 'triton' | 'cuda:min_blocks=2,waves=1,order=natural' (launcher options; order:
-    the code order of the packed cache, quant/packed.py)."""
+    """variant: 'cuda' | 'triton' | 'cuda:min_blocks=2,waves=1' (options of the backend's launcher)."""
     from quant.kernels import decode_attention
 
-    from dataclasses import replace
-
     backend, _, opts = variant.partition(":")
-    options = {k: v if k == "order" else (float(v) if "." in v else int(v))
-               for k, v in (o.split("=") for o in opts.split(",") if o)}
-    # The code order is converted here, outside the timed call ('cuda:order=natural' = the pre-mma kernel;
-    # Triton reads the natural order only).
-    order = options.pop("order", "natural" if backend == "triton" else None)
-    if order is not None and kv.k is not None:
-        kv = replace(kv, k=kv.k.to_order(order), v=kv.v.to_order(order))
+    options = {k: (float(v) if "." in v else int(v)) for k, v in (o.split("=") for o in opts.split(",") if o)}
     return lambda: decode_attention(q, kv, scaling, backend=backend, **options)
 
 

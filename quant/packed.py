@@ -8,17 +8,11 @@ Layout conventions (every tensor has batch first, then KV heads, then tokens):
   codes int32 [B, H, T, D / (32 // bits)]: word w holds channels w*16 .. w*16+15 (2 bits).
   scale, zero fp16 [B, H, T, D / group].
 Dequantization: x_hat = code * scale + zero, broadcast over the group.
-Code order (`order`, INT2 groups of 32 only): "natural" is the layout above; "mma" keeps every tensor's
-shape and every 32-token block's words in place (2 D words per block, keys and values alike) but permutes
-the block's 32 x D codes so that lane L of a CUDA warp reads words [L * D/16, (L + 1) * D/16) holding
-exactly its tensor-core B-fragment codes (quant.packed.mma_slots gives the map; csrc/include/
-oscar_decode_mma.cuh reads it). `unpacked()` / `dequantize()` undo it, so QTensor semantics do not change.
 Variable token groups (OScaR's modality-aligned option): `starts` int64 [n_groups] holds each group's
 first token; scale/zero then have n_groups rows on the token axis. Codes are laid out as above.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,7 +29,6 @@ class QTensor:
     group: int
     axis: int  # -2: groups along tokens (per-channel); -1: groups along channels (per-token)
     starts: torch.Tensor | None = None  # variable token groups (axis -2 only), see module docstring
-    order: str = "natural"  # "natural" | "mma" (see module docstring)
 
     @property
     def num_tokens(self) -> int:
@@ -52,22 +45,7 @@ class QTensor:
 
     def unpacked(self) -> torch.Tensor:
         """uint8 codes [B, H, T, D]."""
-        if self.order == "mma":
-            return mma_unpack(self.codes, self.axis)
         return unpack_codes(self.codes, self.bits, self.axis)
-
-    def to_order(self, order: str) -> "QTensor":
-        """The same codes in `order` ("natural" or "mma"; "mma" needs INT2, groups of 32, fixed groups)."""
-        if order == self.order:
-            return self
-        if order not in ("natural", "mma"):
-            raise ValueError(f"order must be 'natural' or 'mma', got {order!r}")
-        if order == "mma" and (self.bits != 2 or self.group != 32 or self.starts is not None):
-            raise ValueError("the mma code order needs INT2 codes in fixed groups of 32 "
-                             f"(got {self.bits} bits, group {self.group}, variable groups: {self.starts is not None})")
-        codes = self.unpacked()
-        new = mma_pack(codes, self.axis) if order == "mma" else pack_codes(codes, self.bits, self.axis)
-        return replace(self, codes=new, order=order)
 
     def dequantize(self) -> torch.Tensor:
         """float32 [B, H, T, D]."""
@@ -90,8 +68,6 @@ class QTensor:
             return self
         if (self.starts is None) != (other.starts is None):
             raise ValueError("cannot append fixed and variable token groups to one another")
-        if self.order != other.order:
-            other = other.to_order(self.order)  # blocks are self-contained: converting one is enough
         starts = None if self.starts is None else torch.cat([self.starts, other.starts + self.num_tokens])
         return replace(
             self,
@@ -183,8 +159,6 @@ def write_token(q: QTensor, b: int, h: int, pos: int, x: torch.Tensor) -> None:
     Token-axis groups (axis -2): the token joins its group's existing scale/zero (codes clamp to the
     group's range). Channel-axis groups (axis -1): the token is its own group set, so it is requantized.
     """
-    if q.order != "natural":
-        raise ValueError("write_token needs the natural code order: convert with q.to_order('natural')")
     levels = 2**q.bits - 1
     if q.axis == -1:
         one = quantize(x.view(1, 1, 1, -1), q.bits, q.group, axis=-1)
@@ -198,59 +172,3 @@ def write_token(q: QTensor, b: int, h: int, pos: int, x: torch.Tensor) -> None:
     word = q.codes[b, h, pos // per].to(torch.int64) & 0xFFFFFFFF
     word = (word & ~(levels << shift)) | (code << shift)
     q.codes[b, h, pos // per] = torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
-
-
-# ---- the "mma" code order (see the module docstring) ------------------------------------------------
-
-
-@functools.lru_cache(maxsize=8)
-def mma_slots(axis: int, d: int) -> torch.Tensor:
-    """int64 [32 * d]: for code slot s = word * 16 + i (i: the 2-bit field at bits 2 i) of one 32-token
-    block, the natural index t * d + ch it holds. Lane L = 4 g + c owns words L * d/16 + w, w < d/16;
-    field i = 8 h + p, h = 0 / 1 the low / high half of the word (the two codes of one half2 pair).
-    Keys (axis -2, word w = k-step ks, p = 2 j + r): token 8 j + g, channel 16 ks + 8 r + 2 c + h.
-    Values (axis -1, word w = n // 2, p = 4 (n % 2) + 2 kt + r): token 16 kt + 8 r + 2 c + h, channel 8 n + g.
-    These are the B fragments of mma.m16n8k16 (QK^T: k = channels, n = tokens; PV: k = tokens, n = channels)."""
-    if d % 16:
-        raise ValueError(f"the mma order needs head_dim divisible by 16, got {d}")
-    idx = torch.empty(32 * d, dtype=torch.int64)
-    wpl = d // 16  # words per lane
-    for lane in range(32):
-        g, c = lane // 4, lane % 4
-        for w in range(wpl):
-            for h in range(2):
-                for p in range(8):
-                    if axis == -2:
-                        j, r = p // 2, p % 2
-                        t, ch = 8 * j + g, 16 * w + 8 * r + 2 * c + h
-                    else:
-                        n, kt, r = 2 * w + p // 4, (p // 2) % 2, p % 2
-                        t, ch = 16 * kt + 8 * r + 2 * c + h, 8 * n + g
-                    idx[(lane * wpl + w) * 16 + 8 * h + p] = t * d + ch
-    return idx
-
-
-def _blocks(codes_shape, axis: int) -> tuple[int, int, int]:
-    """(leading elements B * H, number of 32-token blocks, head_dim) of a codes tensor."""
-    b, h, rows, cols = codes_shape
-    return (b * h, rows // 2, cols) if axis == -2 else (b * h, rows // 32, cols * 16)
-
-
-def mma_pack(codes: torch.Tensor, axis: int) -> torch.Tensor:
-    """uint8 codes [B, H, T, D] (T % 32 == 0) -> int32 words in the mma order, shaped as pack_codes'."""
-    b, h, t, d = codes.shape
-    if t % 32:
-        raise ValueError(f"the mma order packs whole 32-token blocks, got {t} tokens")
-    flat = codes.reshape(b * h, t // 32, 32 * d)[..., mma_slots(axis, d).to(codes.device)]
-    words = pack_codes(flat, 2, -1)  # slot 16 w + i -> word w, bits 2 i
-    shape = (b, h, t // 16, d) if axis == -2 else (b, h, t, d // 16)
-    return words.reshape(shape)
-
-
-def mma_unpack(words: torch.Tensor, axis: int) -> torch.Tensor:
-    """Inverse of mma_pack: int32 words -> uint8 codes [B, H, T, D]."""
-    bh, blocks, d = _blocks(words.shape, axis)
-    slots = unpack_codes(words.reshape(bh, blocks, 2 * d), 2, -1)  # [BH, blocks, 32 d]
-    flat = torch.empty_like(slots)
-    flat[..., mma_slots(axis, d).to(words.device)] = slots
-    return flat.reshape(words.shape[0], words.shape[1], blocks * 32, d)

@@ -38,31 +38,10 @@ def test_specialization_names_are_deterministic():
     assert len({a, kcuda.specialization_name(64, "90a", 2), kcuda.specialization_name(128, "90a", 3)}) == 3
 
 
-@pytest.mark.parametrize("d", [64, 128])
-def test_mma_order_is_a_lossless_permutation(d):
-    # CPU: the mma order holds the same codes (dequantize unchanged), block by block, and converts back.
-    from quant.packed import mma_slots, quantize
-
-    x = torch.randn(2, 3, 96, d, generator=torch.Generator().manual_seed(d))
-    for axis in (-2, -1):
-        assert sorted(mma_slots(axis, d).tolist()) == list(range(32 * d))
-        q = quantize(x, 2, 32, axis)
-        m = q.to_order("mma")
-        assert m.codes.shape == q.codes.shape and not torch.equal(m.codes, q.codes)
-        assert torch.equal(m.dequantize(), q.dequantize()) and torch.equal(m.to_order("natural").codes, q.codes)
-        first = quantize(x[:, :, :32], 2, 32, axis).to_order("mma").codes  # blocks are self-contained
-        assert torch.equal(m.codes[:, :, :2] if axis == -2 else m.codes[:, :, :32], first)
-        assert torch.equal(q.cat(m).dequantize(), torch.cat([q.dequantize()] * 2, -2))
-
-
 @needs_gpu
-@pytest.mark.parametrize("order", ["mma", "natural"])
 @pytest.mark.parametrize("group,d", [(1, 128), (4, 128), (8, 128), (4, 64)])
-def test_cuda_decode_matches_oracle(group, d, order):
-    from dataclasses import replace
-
+def test_cuda_decode_matches_oracle(group, d):
     kv = random_packed_kv(3, 2, 640, 77, d, seed=group + d, device="cuda")
-    kv = replace(kv, k=kv.k.to_order(order), v=kv.v.to_order(order))
     kv_lens, res_lens = [640, 333, 97], [77, 1, 40]
     q = torch.randn(3, 2 * group, 1, d, generator=torch.Generator().manual_seed(d)).to(torch.bfloat16)
     out = kcuda.decode_attention(q.cuda(), kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=128)
@@ -73,12 +52,8 @@ def test_cuda_decode_matches_oracle(group, d, order):
 
 
 @needs_gpu
-@pytest.mark.parametrize("order", ["mma", "natural"])
-def test_cuda_decode_speculative_and_fp16_residual(order):
-    from dataclasses import replace
-
+def test_cuda_decode_speculative_and_fp16_residual():
     kv = random_packed_kv(1, 2, 256, 9, 128, seed=5, device="cuda", res_dtype=torch.float16)
-    kv = replace(kv, k=kv.k.to_order(order), v=kv.v.to_order(order))
     q = torch.randn(1, 8, 3, 128).to(torch.float16)
     out = kcuda.decode_attention(q.cuda(), kv, 0.088)
     ref = attention_f64(q, kv, 0.088)

@@ -70,15 +70,15 @@ cudaError_t launch_decode(const DecodeParams& p, int batch, cudaStream_t stream)
   if (p.group * p.lq > 16) return cudaErrorInvalidValue;  // rows of one tile (checked by the binding)
   if (p.num_splits + 1 > kMaxSplits) return cudaErrorInvalidValue;
   const size_t smem = sizeof(DecodeSmem<D>);
-  auto kernel = p.mma_order ? decode_split_kernel<D, T, true> : decode_split_kernel<D, T, false>;
-  static bool configured[2] = {false, false};  // per specialization and code order
-  if (!configured[p.mma_order]) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  static bool configured = false;  // per specialization
+  if (!configured) {
+    const cudaError_t e = cudaFuncSetAttribute(decode_split_kernel<D, T>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
-    configured[p.mma_order] = true;
+    configured = true;
   }
   const dim3 grid(p.num_splits + 1, batch * p.kv_heads);
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  decode_split_kernel<D, T><<<grid, kThreads, smem, stream>>>(p);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   combine_kernel<D, T><<<dim3(batch * p.kv_heads, p.group * p.lq), kCombineParts * D, 0, stream>>>(p);

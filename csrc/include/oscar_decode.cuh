@@ -33,7 +33,6 @@ struct DecodeParams {
   int kv_heads, group, lq, tokens, num_splits, split_tokens;
   float scale_log2;  // scaling * log2(e)
   bool rotate;       // Hd is the Sylvester Hadamard (else identity)
-  bool mma_order;    // codes in the "mma" order (oscar_decode_mma.cuh), else natural (quant/packed.py)
 };
 
 template <int D>
@@ -61,7 +60,6 @@ struct DecodeSmem {
 template <int D>
 struct Frag {  // one warp's running state: rows g and g + 8
   float acc[D / 8][4];
-  float zacc[4];  // mma order: sum_t p_t z_t,g (column g = value channel group), added at the end
   float m[2], l[2];
 };
 
@@ -160,8 +158,6 @@ __device__ __forceinline__ void softmax_step(float sc[4][4], Frag<D>& f, uint32_
         f.acc[n][2 * half] *= alpha;
         f.acc[n][2 * half + 1] *= alpha;
       }
-      f.zacc[2 * half] *= alpha;
-      f.zacc[2 * half + 1] *= alpha;
     }
   }
 #pragma unroll
@@ -245,5 +241,4 @@ __device__ __forceinline__ void query_frags(const float (*q)[D], uint4 (*qa)[32]
 
 }  // namespace oscar
 
-#include "oscar_decode_mma.cuh"
 #include "oscar_decode_impl.cuh"

@@ -120,13 +120,6 @@ template <int D>
 __device__ void write_partial(const DecodeParams& p, int64_t bh, int split, Frag<D>& f, DecodeSmem<D>& sm) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const float l0 = quad_sum(f.l[0]), l1 = quad_sum(f.l[1]);
-#pragma unroll
-  for (int cg = 0; cg < D / 32; ++cg) {  // value zeros (mma order; zacc is 0 otherwise): column cg of zacc
-    const int src = (g << 2) | (cg >> 1);  // lane holding (row g, column cg)
-    const float z0 = __shfl_sync(0xffffffffu, f.zacc[cg & 1], src), z1 = __shfl_sync(0xffffffffu, f.zacc[2 + (cg & 1)], src);
-#pragma unroll
-    for (int n = 4 * cg; n < 4 * cg + 4; ++n) f.acc[n][0] += z0, f.acc[n][1] += z0, f.acc[n][2] += z1, f.acc[n][3] += z1;
-  }
   __syncthreads();  // acc aliases the staging buffers other warps may still be reading
   if (c == 0) {
     sm.m[warp][g] = f.m[0], sm.m[warp][g + 8] = f.m[1];
@@ -168,8 +161,7 @@ constexpr float kNegInit = -1.0e30f;  // finite: fully masked tiles give exp2(-i
 #define OSCAR_MIN_BLOCKS 2  // CTAs per SM the register budget must allow (a build-time specialization)
 #endif
 
-// MMA: codes in the mma order (a separate instantiation, so each path gets its own register allocation).
-template <int D, typename T, bool MMA>
+template <int D, typename T>
 __global__ void __launch_bounds__(kThreads, OSCAR_MIN_BLOCKS) decode_split_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   DecodeSmem<D>& sm = *reinterpret_cast<DecodeSmem<D>*>(smem_raw);
@@ -183,11 +175,9 @@ __global__ void __launch_bounds__(kThreads, OSCAR_MIN_BLOCKS) decode_split_kerne
   Frag<D> f;
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) f.acc[n][0] = f.acc[n][1] = f.acc[n][2] = f.acc[n][3] = 0.f;
-  f.zacc[0] = f.zacc[1] = f.zacc[2] = f.zacc[3] = 0.f;
   f.m[0] = f.m[1] = kNegInit;
   f.l[0] = f.l[1] = 0.f;
   if (residual) residual_part<D, T>(p, b, h, sm.qa, f);
-  else if constexpr (MMA) quantized_part_mma<D>(p, b, bh, split, sm.qa, f);
   else quantized_part<D>(p, b, bh, split, sm.qa, f, sm.work.stage[threadIdx.x >> 5]);
   write_partial<D>(p, bh, split, f, sm);
 }

@@ -76,10 +76,9 @@ def _check_packed(kv: PackedKV, b: int, hkv: int, d: int) -> None:
 
 
 def prepare_decode(query: torch.Tensor, kv: PackedKV, kv_lens=None, res_lens=None,
-                   rotate_query: bool = True, order: str = "natural") -> DecodeInputs:
+                   rotate_query: bool = True) -> DecodeInputs:
     """Check and flatten one layer's decode inputs (see DecodeInputs). query [B, Hq, Lq, D].
-    rotate_query=False leaves qr empty (a kernel that rotates the query itself). order: the code order
-    the kernel reads (quant/packed.py); codes stored in another order are converted (slow: a fallback)."""
+    rotate_query=False leaves qr empty (a kernel that rotates the query itself)."""
     if query.dim() != 4:
         raise ValueError(f"query must be [B, Hq, Lq, D], got shape {tuple(query.shape)}")
     b, hq, lq, d = query.shape
@@ -104,9 +103,8 @@ def prepare_decode(query: torch.Tensor, kv: PackedKV, kv_lens=None, res_lens=Non
     else:
         _check_packed(kv, b, hkv, d)
         t = kv.k.num_tokens
-        kq, vq = kv.k.to_order(order), kv.v.to_order(order)
-        kc, ks, kz = (x.contiguous() for x in (kq.codes, kq.scale, kq.zero))
-        vc, vs, vz = (x.contiguous() for x in (vq.codes, vq.scale, vq.zero))
+        kc, ks, kz = (x.contiguous() for x in (kv.k.codes, kv.k.scale, kv.k.zero))
+        vc, vs, vz = (x.contiguous() for x in (kv.v.codes, kv.v.scale, kv.v.zero))
         norms = kv.norms if kv.norms is not None else torch.ones(b, t, device=dev)
         norms = norms.to(torch.float32).contiguous()
     hd = kv.hadamard if kv.hadamard is not None else torch.eye(d, device=dev)

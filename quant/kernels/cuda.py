@@ -20,7 +20,7 @@ from quant.packed import PackedKV, QTensor
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = ("oscar_bindings.cu", "include/oscar_common.cuh", "include/oscar_decode.cuh",
-           "include/oscar_decode_impl.cuh", "include/oscar_decode_mma.cuh", "include/oscar_combine.cuh", "include/oscar_pack.cuh")
+           "include/oscar_decode_impl.cuh", "include/oscar_combine.cuh", "include/oscar_pack.cuh")
 
 
 def cache_dir() -> Path:
@@ -94,8 +94,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
         raise ValueError("the CUDA kernels rotate with the Sylvester Hadamard; this cache uses another "
                          "rotation: use backend='triton' or 'torch'")
-    order = kv.k.order if kv.k is not None else "natural"  # the kernel reads either code order
-    x = prepare_decode(query, kv, kv_lens, res_lens, rotate_query=False, order=order)
+    x = prepare_decode(query, kv, kv_lens, res_lens, rotate_query=False)
     if x.group * x.lq > 16:
         raise ValueError(f"(Hq / Hkv) * Lq = {x.group * x.lq} query rows per KV head exceed the 16 rows of one "
                          "tensor-core tile: use backend='triton' or fewer speculative tokens")
@@ -110,16 +109,14 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         splits = -(-x.tokens // split_tokens) if x.tokens else 0
     mod = load(x.head_dim, min_blocks=min_blocks)
     out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                     x.tokens, splits, split_tokens, float(scaling), kv.hadamard is not None, order == "mma")
+                     x.tokens, splits, split_tokens, float(scaling), kv.hadamard is not None)
     return out.to(query.dtype)
 
 
-def pack_kv(k: torch.Tensor, v: torch.Tensor, rotate: bool = True, token_norm: bool = True, order: str = "mma"):
+def pack_kv(k: torch.Tensor, v: torch.Tensor, rotate: bool = True, token_norm: bool = True):
     """Quantize and pack K, V [B, H, T, D] (T % 32 == 0) with the CUDA kernel; same return value as
-    quant.methods.oscar.pack_block: (k_q QTensor axis -2, v_q QTensor axis -1, norms fp32 [B, T] or None),
-    codes in `order` ("mma": what the decode kernel reads fastest; the permutation runs in torch for now)."""
+    quant.methods.oscar.pack_block: (k_q QTensor axis -2, v_q QTensor axis -1, norms fp32 [B, T] or None)."""
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
     kc, ks, kz, vc, vs, vz, norms = load(k.shape[-1]).pack(k, v, rotate, token_norm)
-    kq, vq = QTensor(kc, ks, kz, 2, 32, -2), QTensor(vc, vs, vz, 2, 32, -1)
-    return kq.to_order(order), vq.to_order(order), norms if token_norm else None
+    return QTensor(kc, ks, kz, 2, 32, -2), QTensor(vc, vs, vz, 2, 32, -1), norms if token_norm else None
