@@ -90,11 +90,13 @@ def method_rank(name: str) -> tuple[int, str]:
 
 
 def group_runs(runs: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
-    """{(task, data, model): runs sorted by method}, groups sorted by task then model."""
+    """{(task, data, model): runs sorted by method}; groups of real weights first, tiny replicas after,
+    each by task then model."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in runs:
         groups.setdefault((r["task"]["name"], r["task"]["data"], r["model"]["name"]), []).append(r)
-    return {k: sorted(v, key=lambda r: method_rank(r["method"]["name"])) for k, v in sorted(groups.items())}
+    order = sorted(groups, key=lambda k: (any(r["model"]["replica"] for r in groups[k]), k))
+    return {k: sorted(groups[k], key=lambda r: method_rank(r["method"]["name"])) for k in order}
 
 
 # ---------------------------------------------------------------- rows shared by markdown and HTML
