@@ -73,15 +73,30 @@ def load_runs(runs_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+BENCH_VARIANTS = {"sdpa_cudnn": "BF16 SDPA cuDNN", "sdpa_flash": "BF16 SDPA flash", "flex": "BF16 FlexAttention",
+                  "oscar_cuda_us": "OScaR INT2 CUDA", "oscar_triton_us": "OScaR INT2 Triton"}
+
+
 def load_bench(bench_dir: Path) -> list[dict[str, Any]]:
-    """Rows of `make bench` result files: each file is {"rows": [{...}], ...} or a list of rows."""
+    """Decode-attention rows of `make bench` files (results/bench/**/*bench*.json, harness.bench's format:
+    {"environment": {"device"}, "kernels": [{shape, batch, context, <variant>: us, ...}]}), one row per
+    (run folder, device, shape, batch, context, variant); files holding {"rows": [...]} pass through.
+    Folders named "experiments" hold runs of code that is not the current one: they are skipped."""
     rows = []
-    for path in sorted(bench_dir.glob("*.json")) if bench_dir.exists() else []:
+    for path in sorted(bench_dir.glob("**/*bench*.json")) if bench_dir.exists() else []:
+        if "experiments" in path.relative_to(bench_dir).parts:
+            continue
         data = load_json(path)
-        file_rows = data.get("rows", []) if isinstance(data, dict) else data
-        if not isinstance(file_rows, list):
-            raise ValueError(f"{path}: expected a list of rows or {{'rows': [...]}}")
-        rows += [{**row, "_file": path.name} for row in file_rows if isinstance(row, dict)]
+        run = str(path.parent.relative_to(bench_dir)) if path.parent != bench_dir else path.stem
+        if isinstance(data, dict) and "kernels" in data:
+            device = data.get("environment", {}).get("device", "?")
+            for k in data["kernels"]:
+                for key, label in BENCH_VARIANTS.items():
+                    if isinstance(k.get(key), (int, float)):
+                        rows.append({"run": run, "device": device, "shape": k.get("shape"), "batch": k.get("batch"),
+                                     "context": k.get("context"), "variant": label, "time_us": float(k[key])})
+        elif isinstance(data, dict) and isinstance(data.get("rows"), list):
+            rows += [{**row, "run": run} for row in data["rows"] if isinstance(row, dict)]
     return rows
 
 

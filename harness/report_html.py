@@ -133,10 +133,11 @@ def speed_plot(rows: list[dict[str, Any]]) -> str | None:
         return next((row[k] for k in keys if k in row), None)
 
     series: dict[str, list[tuple[float, float]]] = {}
+    rows = [r for r in rows if r.get("shape") in (None, "qwen3-8b")]  # one model shape per picture
     for row in rows:
         name, ctx, t = get(row, "variant", "name", "method"), get(row, "context", "seq_len"), get(row, "time_us", "median_us")
         if name is not None and isinstance(ctx, (int, float)) and isinstance(t, (int, float)):
-            label = f"{name} b{row['batch']}" if "batch" in row else str(name)
+            label = f"{row.get('run', '')} {name} b{row['batch']}" if "batch" in row else str(name)
             series.setdefault(label, []).append((ctx, t))
     if not series:
         return None
@@ -144,7 +145,8 @@ def speed_plot(rows: list[dict[str, Any]]) -> str | None:
     for label, pts in sorted(series.items()):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
-    ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="time (us)", title="make bench: decode attention")
+    ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="time (us)",
+           title="make bench: decode attention, Qwen3-8B shape (32 q / 8 kv heads, d=128)")
     ax.legend(fontsize=7, ncol=3)
     ax.grid(alpha=0.3)
     return png(fig)

@@ -1,6 +1,7 @@
 """`oscar-eval leaderboard`: tables only from result files, published numbers apart, README section."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -60,9 +61,13 @@ def test_pareto_front():
 
 
 def test_bench_rows_are_read_and_plotted(workdir):
-    Path("results/bench").mkdir(parents=True)
-    Path("results/bench/decode.json").write_text(
-        '{"rows": [{"variant": "oscar", "context": 1024, "time_us": 20.0}, {"variant": "oscar", "context": 4096, "time_us": 50.0},'
-        ' {"variant": "sdpa", "context": 1024, "time_us": 30.0}, {"variant": "sdpa", "context": 4096, "time_us": 110.0}]}')
+    """harness.bench's JSON (one file per run folder) becomes one row per variant and point."""
+    Path("results/bench/h100-a").mkdir(parents=True)
+    kernels = [{"shape": "qwen3-8b", "batch": 1, "context": c, "sdpa_cudnn": 2.0 * c / 100, "oscar_cuda_us": c / 100,
+                "speedup_cuda": 2.0} for c in (4096, 32768)]
+    Path("results/bench/h100-a/bench.json").write_text(json.dumps({"environment": {"device": "NVIDIA H100"}, "kernels": kernels}))
     rows = L.load_bench(Path("results/bench"))
-    assert len(rows) == 4 and report_html.speed_plot(rows).startswith("data:image/png;base64,")
+    assert len(rows) == 4
+    assert {(r["variant"], r["context"], r["time_us"]) for r in rows} >= {("OScaR INT2 CUDA", 4096, 40.96), ("BF16 SDPA cuDNN", 32768, 655.36)}
+    assert all(r["run"] == "h100-a" and r["device"] == "NVIDIA H100" for r in rows)
+    assert report_html.speed_plot(rows).startswith("data:image/png;base64,")
