@@ -47,3 +47,27 @@ def load_items(data: str | None, limit: int | None, *, load_path: Callable[[Path
     else:
         items = load_path(Path(data))
     return items if limit is None else items[:limit]
+
+
+def load_official(name: str, env_path: str, hub_id: str, how_to: str, load_path: Callable[[Path], list]) -> list:
+    """The official data from the folder/file in $env_path, else the warm HF cache; a clear error otherwise."""
+    from tasks.base import TaskDataError
+
+    if os.environ.get(env_path):
+        return load_path(Path(os.environ[env_path]))
+    snapshot = hub_snapshot(hub_id)
+    if snapshot is None:
+        raise TaskDataError(f"{name} data not found: {env_path} is unset and {hub_id} is not in the HF cache; {how_to}")
+    return load_path(snapshot)
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The local snapshot folder of a hub dataset in the HF cache, or None (never downloads)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        # HF_HUB_CACHE is read here, not at import, so a caller can redirect it at run time
+        return Path(snapshot_download(repo_id, repo_type="dataset", local_files_only=True,
+                                      cache_dir=os.environ.get("HF_HUB_CACHE")))
+    except Exception:  # LocalEntryNotFoundError, or huggingface_hub missing: both mean "not cached"
+        return None

@@ -47,14 +47,8 @@ def load_items(data: str | None, limit: int | None = None) -> list[dict[str, Any
 
 
 def load_official() -> list[dict[str, Any]]:
-    if os.environ.get(ENV_PATH):
-        return load_path(Path(os.environ[ENV_PATH]))
-    from tasks.ocrbench.data import hub_snapshot
-
-    snapshot = hub_snapshot(HUB_ID)
-    if snapshot is None:
-        raise TaskDataError(f"MMAU-Pro data not found: {ENV_PATH} is unset and {HUB_ID} is not in the HF cache; {HOW_TO}")
-    return load_path(snapshot)
+    """The real items from MMAU_PRO_PATH or the warm HF cache; a clear error otherwise."""
+    return common.load_official("MMAU-Pro", ENV_PATH, HUB_ID, HOW_TO, load_path)
 
 
 def _audio_source(folder: Path) -> tuple[Path, Path | None]:

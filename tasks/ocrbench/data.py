@@ -47,24 +47,7 @@ def load_items(data: str | None, limit: int | None = None) -> list[dict[str, Any
 
 def load_official() -> list[dict[str, Any]]:
     """The real 1000 items from OCRBENCH_PATH or the warm HF cache; a clear error otherwise."""
-    if os.environ.get(ENV_PATH):
-        return load_path(Path(os.environ[ENV_PATH]))
-    snapshot = hub_snapshot(HUB_ID)
-    if snapshot is None:
-        raise TaskDataError(f"OCRBench data not found: {ENV_PATH} is unset and {HUB_ID} is not in the HF cache; {HOW_TO}")
-    return load_path(snapshot)
-
-
-def hub_snapshot(repo_id: str) -> Path | None:
-    """The local snapshot folder of a hub dataset in the HF cache, or None (never downloads)."""
-    try:
-        from huggingface_hub import snapshot_download
-
-        # HF_HUB_CACHE is read here, not at import, so a caller can redirect it at run time
-        return Path(snapshot_download(repo_id, repo_type="dataset", local_files_only=True,
-                                      cache_dir=os.environ.get("HF_HUB_CACHE")))
-    except Exception:  # LocalEntryNotFoundError, or huggingface_hub missing: both mean "not cached"
-        return None
+    return common.load_official("OCRBench", ENV_PATH, HUB_ID, HOW_TO, load_path)
 
 
 def load_path(path: Path) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ def _audio_root():
     import os
     from pathlib import Path
 
-    from tasks.ocrbench.data import hub_snapshot
+    from tasks.common import hub_snapshot
 
     folder = os.environ.get(data.ENV_PATH) or hub_snapshot(data.HUB_ID)
     if folder is None and not os.environ.get(data.ENV_AUDIO):
