@@ -66,3 +66,21 @@ def test_quantized_cache_switches_to_the_kernels_and_matches_the_reference(monke
     assert fast_cache.layers[0].k_q.num_tokens == 256  # 250 + 8 tokens: the second block flushed mid-decode
     assert torch.allclose(fast.float(), ref.float(), atol=2e-3, rtol=2e-3)
     model.set_attn_implementation("sdpa")
+
+
+def test_left_padded_batches_stay_on_the_masked_reference_path(monkeypatch):
+    """The kernels take no attention mask: a batch of several sequences keeps the dense path (with the
+    registered mask), so left padding gives the same tokens as the torch backend."""
+    model = tiny_qwen3()
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, 128, (2, 140), generator=g).to(DEV)
+    mask = torch.ones_like(ids)
+    mask[1, :12] = 0  # row 1 is left-padded
+    outs = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv("OSCAR_KERNEL_BACKEND", backend)
+        cache = make_cache("oscar", model)
+        outs[backend] = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=4,
+                                       do_sample=False, pad_token_id=0)
+    assert torch.equal(outs["torch"], outs["triton"])
+    model.set_attn_implementation("sdpa")

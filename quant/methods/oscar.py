@@ -116,8 +116,11 @@ class OScaRLayer(QuantLayer):
 
     def update(self, key_states, value_states, *args, **kwargs):
         """Decode steps on the fast path hand the attention function the packed state itself
-        (quant.kernels.hf_decode.packed_attention); everything else goes through the dense reference."""
-        if key_states.shape[-2] == 1 and self.ctx.shared.get("fast_decode") and self.is_initialized:
+        (quant.kernels.hf_decode.packed_attention); everything else goes through the dense reference.
+        Only single sequences take it: the kernels ignore the attention mask, so a left-padded batch
+        would attend to its padding."""
+        fast = self.ctx.shared.get("fast_decode") and key_states.shape[0] == 1
+        if key_states.shape[-2] == 1 and fast and self.is_initialized:
             self._append(key_states, value_states)
             self.seen += 1
             return self.packed_view(), None
