@@ -27,7 +27,8 @@ void check_cuda(cudaError_t e, const char* what) {
 // q [B, Hq, Lq, D] in the residual dtype (fp16/bf16); packed tensors as quant.packed; returns out like q.
 torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch::Tensor kz, torch::Tensor vc,
                      torch::Tensor vs, torch::Tensor vz, torch::Tensor norms, torch::Tensor k_res,
-                     torch::Tensor v_res, torch::Tensor kv_lens, torch::Tensor res_lens, int64_t tokens,
+                     torch::Tensor v_res, torch::Tensor kv_lens, torch::Tensor res_lens, torch::Tensor counters,
+                     int64_t tokens,
                      int64_t num_splits, int64_t split_tokens, double scaling, bool rotate) {
   TORCH_CHECK(q.dim() == 4 && q.size(3) == D, "q must be [B, Hq, Lq, ", D, "]");
   const auto dt = q.scalar_type();
@@ -36,14 +37,20 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
   check(kc, "key codes", torch::kInt32), check(ks, "key scale", torch::kHalf), check(kz, "key zero", torch::kHalf);
   check(vc, "value codes", torch::kInt32), check(vs, "value scale", torch::kHalf), check(vz, "value zero", torch::kHalf);
   check(norms, "norms", torch::kFloat32), check(kv_lens, "kv_lens", torch::kInt32), check(res_lens, "res_lens", torch::kInt32);
+  check(counters, "counters", torch::kInt32);
   TORCH_CHECK(k_res.scalar_type() == dt && v_res.scalar_type() == dt, "residual K/V must have q's dtype");
   TORCH_CHECK(k_res.stride(3) == 1 && v_res.stride(3) == 1, "residual K/V need a contiguous last dim");
+  for (const auto* r : {&k_res, &v_res})  // the window is read with 16-byte loads
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(r->data_ptr()) % 16 == 0 && r->stride(0) % 8 == 0 && r->stride(1) % 8 == 0 &&
+                    r->stride(2) % 8 == 0,
+                "residual K/V must be 16-byte aligned with strides divisible by 8 elements (make them contiguous)");
   const int64_t b = q.size(0), hkv = k_res.size(1);
   TORCH_CHECK(q.size(1) % hkv == 0, "query heads must be a multiple of KV heads");
   const int64_t group = q.size(1) / hkv, lq = q.size(2);
   TORCH_CHECK(group * lq <= 16, "group * Lq = ", group * lq, " exceeds the 16 rows of one tile");
   TORCH_CHECK(tokens % 32 == 0 && split_tokens % 32 == 0, "tokens and split_tokens must be multiples of 32");
   TORCH_CHECK(num_splits + 1 <= oscar::kMaxSplits, "too many splits: ", num_splits);
+  TORCH_CHECK(counters.numel() >= b * hkv, "counters must hold one zeroed int32 per (batch, kv head)");
   const c10::cuda::CUDAGuard guard(q.device());
   auto f32 = q.options().dtype(torch::kFloat32);
   auto part_o = torch::empty({b * hkv, num_splits + 1, group * lq, D}, f32);
@@ -55,7 +62,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                         norms.data_ptr<float>(), k_res.data_ptr(), v_res.data_ptr(), k_res.stride(0), k_res.stride(1),
                         k_res.stride(2), v_res.stride(0), v_res.stride(1), v_res.stride(2), kv_lens.data_ptr<int32_t>(),
                         res_lens.data_ptr<int32_t>(), part_o.data_ptr<float>(), part_ml.data_ptr<float>(),
-                        out.data_ptr(), static_cast<int>(hkv), static_cast<int>(group), static_cast<int>(lq),
+                        counters.data_ptr<int32_t>(), out.data_ptr(), static_cast<int>(hkv), static_cast<int>(group), static_cast<int>(lq),
                         static_cast<int>(tokens), static_cast<int>(num_splits), static_cast<int>(split_tokens),
                         static_cast<float>(scaling * 1.4426950408889634), rotate};
   auto stream = c10::cuda::getCurrentCUDAStream();
@@ -65,7 +72,8 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
   return out;
 }
 
-// k, v [B, H, T, D] (fp16/bf16/fp32, last dim contiguous), T % 32 == 0 -> (kc, ks, kz, vc, vs, vz, norms).
+// k, v [B, H, T, D] (fp16/bf16/fp32, last dim contiguous), T % 32 == 0 -> (kc, ks, kz, vc, vs, vz, norms),
+// codes in the frag order and value scales/zeros per block as [D/32][32] (quant/packed.py).
 std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, bool token_norm) {
   TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.size(3) == D, "K and V must be [B, H, T, ", D, "]");
   TORCH_CHECK(k.is_cuda() && v.is_cuda() && k.scalar_type() == v.scalar_type(), "K and V: CUDA, same dtype");
@@ -97,7 +105,7 @@ std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, b
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode", &decode, "OScaR split-KV decode attention over the packed INT2 cache");
+  m.def("decode", &decode, "OScaR split-KV decode attention over the packed INT2 cache (frag code order)");
   m.def("pack", &pack, "OScaR rotate + token norm + INT2 quantize + pack of a block of K, V");
   m.attr("head_dim") = D;
 }

@@ -8,11 +8,18 @@ Layout conventions (every tensor has batch first, then KV heads, then tokens):
   codes int32 [B, H, T, D / (32 // bits)]: word w holds channels w*16 .. w*16+15 (2 bits).
   scale, zero fp16 [B, H, T, D / group].
 Dequantization: x_hat = code * scale + zero, broadcast over the group.
+Code order (`order`, INT2 in groups of 32 only): "natural" is the layout above. "frag" (what the CUDA
+decode kernel reads, written by the CUDA pack) keeps every tensor's shape and every 32-token block in
+place but permutes the block's 32 x D codes (and, for values, stores the block's scales/zeros as
+[D / 32][32] instead of [32][D / 32]) so that lane L of a warp reads its tensor-core fragments with
+16-byte loads: see `frag_slots` and csrc/include/oscar_layout.cuh (the same map, on the device).
+`unpacked()` / `dequantize()` / `natural_scales()` undo it, so QTensor semantics do not change.
 Variable token groups (OScaR's modality-aligned option): `starts` int64 [n_groups] holds each group's
 first token; scale/zero then have n_groups rows on the token axis. Codes are laid out as above.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -29,6 +36,7 @@ class QTensor:
     group: int
     axis: int  # -2: groups along tokens (per-channel); -1: groups along channels (per-token)
     starts: torch.Tensor | None = None  # variable token groups (axis -2 only), see module docstring
+    order: str = "natural"  # "natural" | "frag" (see module docstring)
 
     @property
     def num_tokens(self) -> int:
@@ -45,7 +53,34 @@ class QTensor:
 
     def unpacked(self) -> torch.Tensor:
         """uint8 codes [B, H, T, D]."""
+        if self.order == "frag":
+            return frag_unpack(self.codes, self.axis)
         return unpack_codes(self.codes, self.bits, self.axis)
+
+    def natural_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """scale, zero in the natural layout (the frag order transposes value scales inside each block)."""
+        if self.order == "frag" and self.axis == -1:
+            return frag_scales(self.scale, inverse=True), frag_scales(self.zero, inverse=True)
+        return self.scale, self.zero
+
+    def to_order(self, order: str) -> "QTensor":
+        """The same codes in `order` ("natural" or "frag"; "frag" needs INT2 in fixed groups of 32)."""
+        if order == self.order:
+            return self
+        if order not in ("natural", "frag"):
+            raise ValueError(f"order must be 'natural' or 'frag', got {order!r}")
+        if order == "frag" and (self.bits != 2 or self.group != 32 or self.starts is not None):
+            raise ValueError("the frag code order needs INT2 codes in fixed groups of 32 "
+                             f"(got {self.bits} bits, group {self.group}, variable groups: {self.starts is not None})")
+        codes = self.unpacked()
+        scale, zero = self.natural_scales()
+        if order == "frag":
+            new = frag_pack(codes, self.axis)
+            if self.axis == -1:
+                scale, zero = frag_scales(scale), frag_scales(zero)
+        else:
+            new = pack_codes(codes, self.bits, self.axis)
+        return replace(self, codes=new, scale=scale, zero=zero, order=order)
 
     def dequantize(self) -> torch.Tensor:
         """float32 [B, H, T, D]."""
@@ -54,12 +89,13 @@ class QTensor:
         if self.starts is not None:
             scale, zero = self.token_scales()
             return asym_dequantize(codes, scale, zero)
+        scale, zero = self.natural_scales()
         if self.axis == -2:
             b, h, t, d = codes.shape
-            x = asym_dequantize(codes.view(b, h, t // g, g, d), self.scale.unsqueeze(-2), self.zero.unsqueeze(-2))
+            x = asym_dequantize(codes.view(b, h, t // g, g, d), scale.unsqueeze(-2), zero.unsqueeze(-2))
         else:
             b, h, t, d = codes.shape
-            x = asym_dequantize(codes.view(b, h, t, d // g, g), self.scale.unsqueeze(-1), self.zero.unsqueeze(-1))
+            x = asym_dequantize(codes.view(b, h, t, d // g, g), scale.unsqueeze(-1), zero.unsqueeze(-1))
         return x.reshape(b, h, t, d)
 
     def cat(self, other: "QTensor | None") -> "QTensor":
@@ -68,6 +104,8 @@ class QTensor:
             return self
         if (self.starts is None) != (other.starts is None):
             raise ValueError("cannot append fixed and variable token groups to one another")
+        if self.order != other.order:
+            other = other.to_order(self.order)  # blocks are self-contained: converting one side is enough
         starts = None if self.starts is None else torch.cat([self.starts, other.starts + self.num_tokens])
         return replace(
             self,
@@ -159,6 +197,8 @@ def write_token(q: QTensor, b: int, h: int, pos: int, x: torch.Tensor) -> None:
     Token-axis groups (axis -2): the token joins its group's existing scale/zero (codes clamp to the
     group's range). Channel-axis groups (axis -1): the token is its own group set, so it is requantized.
     """
+    if q.order != "natural":
+        raise ValueError("write_token needs the natural code order: convert with q.to_order('natural')")
     levels = 2**q.bits - 1
     if q.axis == -1:
         one = quantize(x.view(1, 1, 1, -1), q.bits, q.group, axis=-1)
@@ -172,3 +212,81 @@ def write_token(q: QTensor, b: int, h: int, pos: int, x: torch.Tensor) -> None:
     word = q.codes[b, h, pos // per].to(torch.int64) & 0xFFFFFFFF
     word = (word & ~(levels << shift)) | (code << shift)
     q.codes[b, h, pos // per] = torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+# ---- the "frag" code order (see the module docstring; mirrored by csrc/include/oscar_layout.cuh) -------
+
+
+def frag_token(tile: int, row: int) -> int:
+    """Token (0..31) of a 32-token block held by row `row` (0..15) of 16-token tile `tile` (0, 1): chosen so
+    that lane c of the value product holds tokens 8c..8c+7 and each half2 pair is two adjacent tokens."""
+    return 8 * ((row & 7) >> 1) + 4 * tile + 2 * (row >> 3) + (row & 1)
+
+
+def frag_channel(kstep: int, k: int) -> int:
+    """Channel of k-index `k` (0..15) of key k-step `kstep`: lane c's channels are the 16-byte chunks
+    4 i + c of a scale row (one conflict-free 16-byte shared load per i)."""
+    c, hi, h = (k & 7) >> 1, k >> 3, k & 1
+    return 8 * (4 * (kstep >> 1) + c) + 4 * (kstep & 1) + 2 * hi + h
+
+
+@functools.lru_cache(maxsize=8)
+def frag_slots(axis: int, d: int) -> torch.Tensor:
+    """int64 [32 * d]: for code slot 16 W + i of one 32-token block (word W of the block's 2 d words,
+    2-bit field i), the natural index token * d + channel it holds.
+
+    Word W = 4 (32 j + L) + e belongs to lane L = 4 g + c as its word w = 4 j + e (16-byte chunk j);
+    field i = 8 h + s is half h (0 low, 1 high: the two codes of one fp16 pair) of pair slot s. The lane's
+    pair f = 8 w + s is, for keys, A-fragment register r of tile mt at k-step ks with f = (4 mt + r) KS + ks
+    (KS = d / 16): row g + 8 (r & 1) of the tile, k = 2 c + 8 (r >> 1) + h; for values, register r of channel
+    tile mv at token step kt with f = (4 kt + r) MV + mv (MV = d / 16): channel 16 mv + g + 8 (r & 1),
+    token row 2 c + 8 (r >> 1) + h of tile kt. These are mma.m16n8k16 A fragments (S^T = K Q^T, O^T = V^T P^T)."""
+    if d % 16:
+        raise ValueError(f"the frag order needs head_dim divisible by 16, got {d}")
+    per_lane = d // 16
+    idx = torch.empty(32 * d, dtype=torch.int64)
+    for word in range(2 * d):
+        j, lane, e = word // 128, (word // 4) % 32, word % 4
+        g, c, w = lane // 4, lane % 4, 4 * j + e
+        for i in range(16):
+            h, s = i // 8, i % 8
+            f = 8 * w + s
+            if axis == -2:
+                ks, q = f % per_lane, f // per_lane
+                r, mt = q % 4, q // 4
+                t, ch = frag_token(mt, g + 8 * (r & 1)), frag_channel(ks, 2 * c + 8 * (r >> 1) + h)
+            else:
+                mv, q = f % per_lane, f // per_lane
+                r, kt = q % 4, q // 4
+                t, ch = frag_token(kt, 2 * c + 8 * (r >> 1) + h), 16 * mv + g + 8 * (r & 1)
+            idx[16 * word + i] = t * d + ch
+    return idx
+
+
+def frag_pack(codes: torch.Tensor, axis: int) -> torch.Tensor:
+    """uint8 codes [B, H, T, D] (T % 32 == 0) -> int32 words in the frag order, shaped as pack_codes'."""
+    b, h, t, d = codes.shape
+    if t % 32:
+        raise ValueError(f"the frag order packs whole 32-token blocks, got {t} tokens")
+    flat = codes.reshape(b * h, t // 32, 32 * d)[..., frag_slots(axis, d).to(codes.device)]
+    words = pack_codes(flat, 2, -1)  # slot 16 W + i -> word W, bits 2 i
+    return words.reshape((b, h, t // 16, d) if axis == -2 else (b, h, t, d // 16))
+
+
+def frag_unpack(words: torch.Tensor, axis: int) -> torch.Tensor:
+    """Inverse of frag_pack: int32 words -> uint8 codes [B, H, T, D]."""
+    b, h = words.shape[:2]
+    d = words.shape[-1] if axis == -2 else words.shape[-1] * 16
+    blocks = words.shape[2] // 2 if axis == -2 else words.shape[2] // 32
+    slots = unpack_codes(words.reshape(b * h, blocks, 2 * d), 2, -1)  # [BH, blocks, 32 d]
+    flat = torch.empty_like(slots)
+    flat[..., frag_slots(axis, d).to(words.device)] = slots
+    return flat.reshape(b, h, blocks * 32, d)
+
+
+def frag_scales(x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Value scales/zeros [B, H, T, G] <-> the frag order's per-block [G][32] (a transpose per block)."""
+    b, h, t, g = x.shape
+    if inverse:
+        return x.reshape(b, h, t // 32, g, 32).transpose(-1, -2).reshape(b, h, t, g)
+    return x.reshape(b, h, t // 32, 32, g).transpose(-1, -2).reshape(b, h, t, g)

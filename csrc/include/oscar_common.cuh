@@ -11,6 +11,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kGroup = 32;        // tokens per key scale group = channels per value group
 constexpr int kMaxSplits = 1024;  // split-KV partials per (b, kv head), residual split included
+constexpr int kStages = 4;        // cp.async pipeline depth per warp (32-token groups in flight)
 
 // D = A(16x16, row) * B(16x8, col) + D; f16 inputs, f32 accumulators (mma.sync, sm_80+).
 // Fragments (g = lane / 4, c = lane % 4): a[0] = (row g, k 2c..2c+1), a[1] = (row g+8, same k),
@@ -32,45 +33,67 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 __device__ __forceinline__ __half2 as_half2(uint32_t x) { return *reinterpret_cast<__half2*>(&x); }
 __device__ __forceinline__ uint32_t as_u32(__half2 x) { return *reinterpret_cast<uint32_t*>(&x); }
 
-// Two 16-code words wa, wb (2 bits per code, code i at bits 2i). For this lane's position p = g
-// (lane / 4) and 8 + g, gather both words' bytes so that after the shift bits 0-1 / 16-17 hold
-// (wa[g], wb[g]) and bits 8-9 / 24-25 hold (wa[8+g], wb[8+g]). One PRMT + one shift per 4 codes.
-__device__ __forceinline__ uint32_t gather_codes(uint32_t wa, uint32_t wb, uint32_t sel, uint32_t shift) {
-  return __byte_perm(wa, wb, sel) >> shift;
+// Transpose of an 8x8 b16 matrix held as the standard fragment (lane 4 g + c: row g, columns 2c, 2c+1).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
-__device__ __forceinline__ uint32_t gather_selector(int g) {
-  const uint32_t q = g >> 2;
-  return q | ((2 + q) << 4) | ((4 + q) << 8) | ((6 + q) << 12);
+// Pair slot S of a frag-order word (fields S and S + 8) as an fp16 pair (B + lo, B + hi): even slots are
+// moved to bits 8-9 / 24-25 and OR-ed into fp16 4.0 (mantissa bits 8-9 weigh 1 there: B = 4), odd slots to
+// bits 6-7 / 22-23 and OR-ed into 16.0 (bits 6-7 weigh 1: B = 16). So a word needs 4 shifts (<< 8, << 4, >> 4,
+// >> 8; slots 3 and 4 need none) and 8 LOP3s for its 16 codes. The offset B is folded into the biases.
+template <int S>
+__device__ __forceinline__ uint32_t dequant_slot(uint32_t w) {
+  constexpr int kShift = 2 * (S - ((S & 1) ? 3 : 4));
+  const uint32_t x = kShift >= 0 ? (w >> kShift) : (w << -kShift);
+  constexpr uint32_t kMask = (S & 1) ? 0x00C000C0u : 0x03000300u, kBase = (S & 1) ? 0x4C004C00u : 0x44004400u;
+  uint32_t y;  // (x & mask) | base as ONE LOP3 (0xEA): left to itself the compiler emits two (two immediates)
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(y) : "r"(x), "r"(kMask), "r"(kBase));
+  return y;
 }
 
-// Codes at bits 8-9 and 24-25 of u -> half2 (code * s + z), given s4 = 4 s and z4 = z - 4 s
-// (fold_scale_zero). OR-ing a code into mantissa bits 8-9 of fp16 1.0 (0x3C00) gives 1 + code / 4
-// exactly, so one LOP3 + one HFMA2 dequantize two codes: (1 + c / 4) * 4 s + (z - 4 s) = c s + z, with
-// one rounding (the product never needs more than the fp16 result's precision of c s + z).
-__device__ __forceinline__ uint32_t dequant2(uint32_t u, __half2 s4, __half2 z4) {
-  return as_u32(__hfma2(as_half2((u & 0x03000300u) | 0x3C003C00u), s4, z4));
+// The offset B of slot s (4 or 16).
+__host__ __device__ constexpr float slot_base(int s) { return (s & 1) ? 16.f : 4.f; }
+
+// dequant_slot with the slot known after unrolling (the switch folds away).
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t w, int s) {
+  switch (s) {
+    case 0: return dequant_slot<0>(w);
+    case 1: return dequant_slot<1>(w);
+    case 2: return dequant_slot<2>(w);
+    case 3: return dequant_slot<3>(w);
+    case 4: return dequant_slot<4>(w);
+    case 5: return dequant_slot<5>(w);
+    case 6: return dequant_slot<6>(w);
+    default: return dequant_slot<7>(w);
+  }
 }
 
-// Scales and zeros staged as (s4, z4) = (4 s, z - 4 s) for dequant2. Lanes [0, n) hold 8 scales,
-// lanes [n, 2n) the 8 zeros of the same elements; each lane gets its partner's vector by shuffles.
-__device__ __forceinline__ int4 fold_scale_zero(int4 mine, int n) {
-  const int lane = threadIdx.x & 31;
-  const int partner = lane < n ? lane + n : lane - n;
-  int4 other;
-  other.x = __shfl_sync(0xffffffffu, mine.x, partner & 31);
-  other.y = __shfl_sync(0xffffffffu, mine.y, partner & 31);
-  other.z = __shfl_sync(0xffffffffu, mine.z, partner & 31);
-  other.w = __shfl_sync(0xffffffffu, mine.w, partner & 31);
-  const __half2 four = __float2half2_rn(4.f);
-  const __half2* m = reinterpret_cast<const __half2*>(&mine);
-  const __half2* o = reinterpret_cast<const __half2*>(&other);
-  int4 out;
-  __half2* w = reinterpret_cast<__half2*>(&out);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) w[j] = lane < n ? __hmul2(m[j], four) : __hfma2(__hneg2(o[j]), four, m[j]);
-  return out;
+// 2^x with one MUFU.EX2 (exp2f adds a denormal fix-up around it); 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ __half2 hmul2u(uint32_t a, uint32_t b) { return __hmul2(as_half2(a), as_half2(b)); }
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

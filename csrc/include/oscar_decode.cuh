@@ -1,25 +1,30 @@
-// OScaR split-KV decode attention over the packed INT2 cache (layout: quant/packed.py), tensor cores.
+// OScaR split-KV decode attention over the packed INT2 cache in the "frag" code order (oscar_layout.cuh).
 //
-// Grid (num_splits + 1, B * Hkv), 4 warps. The GQA heads of one KV head times the Lq query tokens are
-// the M = 16 rows of an mma.m16n8k16 tile (row r: token r / group, head h * group + r % group), so each
-// loaded code serves all of them. Each warp walks 32-token groups of its CTA's split:
-//   S = (Q Hd) K_hat^T (channels in K, tokens in N), s_j *= scaling * n_j, online softmax (base 2),
-//   O += P V_hat (tokens in K, channels in N), codes dequantized straight into B fragments.
-// The last CTA of each (b, h) attends to the full-precision residual window with Q (not rotated).
-// Warps merge in shared memory and write one partial (o, m, l) per split; the combine kernel merges
-// splits by log-sum-exp and rotates the quantized part back: out = (fwht(O_q) / sqrt(D) + O_r) / L.
+// Grid (num_splits + 1, B * Hkv), 4 warps; the last CTA of each (b, kv head) attends to the full-precision
+// window, and the last CTA to finish (a counter per (b, kv head)) merges the partials (oscar_combine.cuh).
+// Products are transposed so that the 32 tokens of a group fill the tensor core's M = 16 rows twice and the
+// GQA heads x query tokens sit in N = 8 columns (NT tiles of 8):
+//   S^T = K_hat Q^T     (A = key codes straight from shared memory, k = channels; B = Q scaled per channel)
+//   O^T += V_hat^T P^T  (A = value codes, k = tokens; B = P scaled per token, moved into place by movmatrix)
+// Codes enter as fp16 (B + code), B = 4 or 16 by pair slot (dequant_slot), so the scales multiply the B
+// operands (Q by the key scale, P by the value scale) and the zeros become biases: per group and k-step
+// sum_d q_d z_d - B sum_d q_d s_d for the scores (two MMAs with a constant A, exact in fp32), and per
+// channel group Y = sum_t s_t p_t, Z = sum_t z_t p_t for the values (one MMA: A rows are the value scales
+// and zeros), added as O = O^T - B Y + Z at the end (the slot, hence B, is fixed per channel tile).
+// Each warp streams its own groups through a kStages-deep cp.async pipeline (no block barriers).
 #pragma once
 #include "oscar_common.cuh"
+#include "oscar_layout.cuh"
 
 namespace oscar {
 
 struct DecodeParams {
   const void* q;  // [B, Hq, LQ, D], dtype T (the residual window's dtype)
-  const int32_t* kc;  // [B, Hkv, T/16, D]
+  const int32_t* kc;  // [B, Hkv, T/16, D] frag order
   const __half* ks;   // [B, Hkv, T/32, D]
   const __half* kz;
-  const int32_t* vc;  // [B, Hkv, T, D/16]
-  const __half* vs;   // [B, Hkv, T, D/32]
+  const int32_t* vc;  // [B, Hkv, T, D/16] frag order
+  const __half* vs;   // [B, Hkv, T, D/32], per block [D/32][32]
   const __half* vz;
   const float* norms;  // [B, T]
   const void* k_res;   // [B, Hkv, Tr, D] with the strides below (elements), last dim contiguous
@@ -29,213 +34,251 @@ struct DecodeParams {
   const int32_t* res_lens;  // [B] valid residual tokens
   float* part_o;   // [B * Hkv, splits + 1, rows, D]
   float* part_ml;  // [B * Hkv, splits + 1, 2, rows]
+  int32_t* counters;  // [B * Hkv], zero between calls (the last CTA of each (b, h) resets its entry)
   void* out;       // [B, Hq, LQ, D], dtype T
   int kv_heads, group, lq, tokens, num_splits, split_tokens;
   float scale_log2;  // scaling * log2(e)
   bool rotate;       // Hd is the Sylvester Hadamard (else identity)
 };
 
+// One 32-token group in shared memory, byte offsets (the same bytes as in global memory, region by region).
 template <int D>
-struct WarpStage {  // one 32-token group, staged per warp
-  uint32_t kw[2][D];            // key words: row r = tokens 16r..16r+15, one word per channel
-  __half ksz[D / 2][4];         // per channel pair: (s4_a, s4_b, z4_a, z4_b), one 8-byte load
-  uint32_t vw[D / 16][kGroup];  // value words transposed: [word][token]
-  __half vsz[D / 32][kGroup / 2][4];  // per (channel group, token pair): (s4_a, s4_b, z4_a, z4_b)
-  float norm[kGroup];
+struct Stage {
+  static constexpr int kKC = 0, kKS = 8 * D, kKZ = kKS + 2 * D, kVC = kKZ + 2 * D, kVS = kVC + 8 * D,
+                       kVZ = kVS + 2 * D, kNorm = kVZ + 2 * D, kBytes = kNorm + 128;
 };
 
-template <int D>
-struct DecodeSmem {
-  union {  // the warps' final accumulators reuse the staging space (a barrier separates the two uses)
-    struct {
-      WarpStage<D> stage[kWarps];
-      float q[16][D];  // query rows (rotated for quantized CTAs) before they become A fragments
-    } work;
-    float acc[kWarps][16][D];
-  };
-  uint4 qa[D / 16][32];  // the A fragments, per k-step and lane (shared: registers are the scarce part)
-  float m[kWarps][16], l[kWarps][16];
+template <int D, int NT>
+struct WarpState {
+  float acc[D / 16][NT][4];  // O^T: channel tile mv (rows 16 mv + g, + 8), head tile nt (cols 2c, 2c + 1)
+  float zacc[NT][4];         // rows < D/32: Y of channel group g; rows D/32..D/16-1: Z of group g - D/32
+  float m[NT][2], l[NT][2];  // per column (head 8 nt + 2c + e); l is lane-partial until the end
 };
 
-template <int D>
-struct Frag {  // one warp's running state: rows g and g + 8
-  float acc[D / 8][4];
-  float m[2], l[2];
-};
+constexpr float kNegInit = -1.0e30f;  // finite: fully masked tiles give exp2(-inf) = 0, never NaN
+constexpr uint32_t kOnes = 0x3C003C00u;      // fp16 (1, 1)
+constexpr uint32_t kMinus4 = 0xC400C400u;    // fp16 (-4, -4)
+constexpr uint32_t kMinus16 = 0xCC00CC00u;   // fp16 (-16, -16)
 
-// Global -> registers for one group (each lane: 16-byte vectors), then registers -> shared.
-template <int D>
-struct GroupRegs {
-  static constexpr int kKW = 2 * D / 4 / 32;  // int4 of key words per lane (2 for D=128, 1 for 64)
-  static constexpr int kVW = kGroup * D / 16 / 4 / 32;
-  int4 kw[kKW], vw[kVW];
-  int4 ksz, vsz;  // lanes < half: scales, others: zeros (each 16 bytes)
-  float norm;
-};
-
-template <int D>
-__device__ __forceinline__ void load_group(GroupRegs<D>& r, const DecodeParams& p, int64_t bh, int b, int gi) {
-  const int lane = threadIdx.x & 31;
-  const int64_t t16 = p.tokens / 16, t32 = p.tokens / 32;
-  const int4* kw = reinterpret_cast<const int4*>(p.kc + (bh * t16 + 2 * gi) * D);
+template <int D, int NT>
+__device__ __forceinline__ void init_state(WarpState<D, NT>& w) {
 #pragma unroll
-  for (int i = 0; i < r.kKW; ++i) r.kw[i] = __ldg(kw + lane + 32 * i);
-  const int4* vw = reinterpret_cast<const int4*>(p.vc + (bh * p.tokens + kGroup * gi) * (D / 16));
+  for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-  for (int i = 0; i < r.kVW; ++i) r.vw[i] = __ldg(vw + lane + 32 * i);
-  constexpr int kS = D / 8;  // int4 per key scale row (16 for D=128)
-  const int64_t srow = (bh * t32 + gi) * D;
-  if (lane < kS) r.ksz = __ldg(reinterpret_cast<const int4*>(p.ks + srow) + lane);
-  else if (lane < 2 * kS) r.ksz = __ldg(reinterpret_cast<const int4*>(p.kz + srow) + lane - kS);
-  constexpr int kV = kGroup * (D / 32) / 8;  // int4 per value scale block (16 for D=128)
-  const int64_t vrow = (bh * p.tokens + kGroup * gi) * (D / 32);
-  if (lane < kV) r.vsz = __ldg(reinterpret_cast<const int4*>(p.vs + vrow) + lane);
-  else if (lane < 2 * kV) r.vsz = __ldg(reinterpret_cast<const int4*>(p.vz + vrow) + lane - kV);
-  r.norm = p.norms[static_cast<int64_t>(b) * p.tokens + kGroup * gi + lane];
+    for (int e = 0; e < 4; ++e) {
+      w.zacc[nt][e] = 0.f;
+#pragma unroll
+      for (int mv = 0; mv < D / 16; ++mv) w.acc[mv][nt][e] = 0.f;
+    }
+    w.m[nt][0] = w.m[nt][1] = kNegInit;
+    w.l[nt][0] = w.l[nt][1] = 0.f;
+  }
 }
 
-// `valid` = tokens of the group below kv_len: the others get value scale/zero 0, so that their (masked,
-// p = 0) values are exactly 0 even where the stored bytes are not finite numbers.
-template <int D>
-__device__ __forceinline__ void store_group(const GroupRegs<D>& r, WarpStage<D>& s, int valid) {
-  const int lane = threadIdx.x & 31;
+// Online softmax over MT score tiles (log2 units, masked); P (fp16) as B fragments of O^T += V^T P^T.
+template <int D, int NT, int MT>
+__device__ __forceinline__ void softmax_to_p(float (&sc)[MT][NT][4], WarpState<D, NT>& w, uint32_t (&pb)[MT][NT][2]) {
 #pragma unroll
-  for (int i = 0; i < r.kKW; ++i) reinterpret_cast<int4*>(&s.kw[0][0])[lane + 32 * i] = r.kw[i];
+  for (int nt = 0; nt < NT; ++nt) {
+    float alpha[2];
 #pragma unroll
-  for (int i = 0; i < r.kVW; ++i) {  // element e = token * (D/16) + word -> vw[word][token]
-    const int e = 4 * (lane + 32 * i);
-    const int w[4] = {r.vw[i].x, r.vw[i].y, r.vw[i].z, r.vw[i].w};
+    for (int hc = 0; hc < 2; ++hc) {
+      float mx = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) s.vw[(e + j) % (D / 16)][(e + j) / (D / 16)] = w[j];
-  }
-  constexpr int kS = D / 8;
-  const int4 ksz = fold_scale_zero(r.ksz, kS);  // all lanes: the shuffles need the full warp
-  if (lane < 2 * kS) {  // 4 channel pairs per lane: scales into .x, zeros into .y of each pair
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(&ksz);
-    const int pair0 = 4 * (lane < kS ? lane : lane - kS), half = lane < kS ? 0 : 1;
+      for (int mt = 0; mt < MT; ++mt) mx = fmaxf(mx, fmaxf(sc[mt][nt][hc], sc[mt][nt][2 + hc]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(w.m[nt][hc], mx);
+      alpha[hc] = fast_exp2(w.m[nt][hc] - m_new);
+      w.m[nt][hc] = m_new;
+      float sum = 0.f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) reinterpret_cast<uint32_t*>(s.ksz[pair0 + j])[half] = w[j];
-  }
-  constexpr int kV = kGroup * (D / 32) / 8;
-  const int4 vsz = fold_scale_zero(r.vsz, kV);
-  if (lane < 2 * kV) {  // element e = token * (D/32) + group -> v{s,z}[group][token]
-    const __half* h = reinterpret_cast<const __half*>(&vsz);
-    const int base = 8 * (lane < kV ? lane : lane - kV);
+      for (int mt = 0; mt < MT; ++mt) {
+        sc[mt][nt][hc] = fast_exp2(sc[mt][nt][hc] - m_new);
+        sc[mt][nt][2 + hc] = fast_exp2(sc[mt][nt][2 + hc] - m_new);
+        sum += sc[mt][nt][hc] + sc[mt][nt][2 + hc];
+      }
+      w.l[nt][hc] = w.l[nt][hc] * alpha[hc] + sum;
+    }
+    // Lazy rescale: once the running maxima settle, alpha == 1 across the warp and the multiplies are skipped.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int e = base + j;
-      const int t = e / (D / 32);
-      s.vsz[e % (D / 32)][t / 2][(lane < kV ? 0 : 2) + (t & 1)] = t < valid ? h[j] : __float2half(0.f);
+      for (int e = 0; e < 4; ++e) {
+        w.zacc[nt][e] *= alpha[e & 1];
+#pragma unroll
+        for (int mv = 0; mv < D / 16; ++mv) w.acc[mv][nt][e] *= alpha[e & 1];
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {  // C rows g / g + 8 (tokens) x cols (heads) -> B (k = tokens, n = head)
+      pb[mt][nt][0] = movmatrix_trans(pack_half2(sc[mt][nt][0], sc[mt][nt][1]));
+      pb[mt][nt][1] = movmatrix_trans(pack_half2(sc[mt][nt][2], sc[mt][nt][3]));
     }
   }
-  s.norm[lane] = r.norm;
 }
 
-// Online softmax step for the 4 score tiles (32 tokens) of this warp; returns P as A fragments.
-template <int D>
-__device__ __forceinline__ void softmax_step(float sc[4][4], Frag<D>& f, uint32_t pa[2][4]) {
+// One staged group: scores, softmax, O^T and the Y/Z sums. valid = tokens of the group below kv_len.
+template <int D, int NT>
+__device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&qf)[D / 16][NT][2],
+                                           WarpState<D, NT>& w, int valid, float scale_log2) {
+  using L = Stage<D>;
+  constexpr int KS = D / 16, NDG = D / 32;
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const bool tail = valid < kGroup;  // warp-uniform: only a sequence's last group
+  if (tail) {  // value scales and zeros of tokens at or past `valid` -> 0 (their p is 0; the bytes may be NaN)
+    __half* vsz = reinterpret_cast<__half*>(st + L::kVS);  // [2 NDG][32]: scales then zeros, per block
+    for (int idx = lane; idx < 2 * NDG * kGroup; idx += 32)
+      if (idx % kGroup >= valid) vsz[idx] = __float2half(0.f);
+    __syncwarp();
+  }
+
+  uint32_t kw[KS];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {  // half 0: row g (elements 0, 1); half 1: row g + 8
-    float mx = -INFINITY;
+  for (int j = 0; j < KS / 4; ++j) {
+    const uint4 x = *reinterpret_cast<const uint4*>(st + L::kKC + 16 * (32 * j + lane));
+    kw[4 * j] = x.x, kw[4 * j + 1] = x.y, kw[4 * j + 2] = x.z, kw[4 * j + 3] = x.w;
+  }
+  float sc[2][NT][4], bias[2][NT][4];  // two bias chains (zeros, offsets): independent MMAs
 #pragma unroll
-    for (int j = 0; j < 4; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * half], sc[j][2 * half + 1]));
-    const float m_new = fmaxf(f.m[half], quad_max(mx));
-    const float alpha = exp2f(f.m[half] - m_new);
-    float sum = 0.f;
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      sc[j][2 * half] = exp2f(sc[j][2 * half] - m_new);
-      sc[j][2 * half + 1] = exp2f(sc[j][2 * half + 1] - m_new);
-      sum += sc[j][2 * half] + sc[j][2 * half + 1];
-    }
-    f.l[half] = f.l[half] * alpha + sum;  // lane-partial; summed over the quad at the end
-    f.m[half] = m_new;
-    // Lazy rescale: once the running max settles, alpha == 1 for every row of the warp and the 2 * D / 8
-    // multiplies are skipped (a warp-uniform branch).
-    if (__any_sync(0xffffffffu, alpha != 1.f)) {
+    for (int e = 0; e < 4; ++e) sc[0][nt][e] = sc[1][nt][e] = bias[0][nt][e] = bias[1][nt][e] = 0.f;
+  const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
+  const uint32_t minus_b[2][4] = {{kMinus4, kMinus4, kMinus4, kMinus4}, {kMinus16, kMinus16, kMinus16, kMinus16}};
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        f.acc[n][2 * half] *= alpha;
-        f.acc[n][2 * half + 1] *= alpha;
+  for (int i = 0; i < KS / 2; ++i) {  // channel chunk 4 i + c: k-steps 2 i, 2 i + 1
+    const uint4 s4 = *reinterpret_cast<const uint4*>(st + L::kKS + 16 * (4 * i + c));
+    const uint4 z4 = *reinterpret_cast<const uint4*>(st + L::kKZ + 16 * (4 * i + c));
+    const uint32_t sv[4] = {s4.x, s4.y, s4.z, s4.w}, zv[4] = {z4.x, z4.y, z4.z, z4.w};
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const int ks = 2 * i + kk;
+      uint32_t bm[NT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {  // slot parity = ks parity (frag_slots), so B = slot_base(ks)
+        uint32_t qz[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          bm[nt][e] = as_u32(hmul2u(qf[ks][nt][e], sv[2 * kk + e]));
+          qz[e] = as_u32(hmul2u(qf[ks][nt][e], zv[2 * kk + e]));
+        }
+        mma16816(bias[0][nt], ones, qz[0], qz[1]);
+        mma16816(bias[1][nt], minus_b[ks & 1], bm[nt][0], bm[nt][1]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        uint32_t a[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int f = (4 * mt + r) * KS + ks;  // compile-time after unrolling
+          a[r] = dequant_pair(kw[f >> 3], f & 7);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma16816(sc[mt][nt], a, bm[nt][0], bm[nt][1]);
       }
     }
   }
+  // Token of C row g (e < 2) / g + 8 (e >= 2) in tile mt: base + 4 mt + 2 (e >> 1) (frag_token).
+  const float* nrm = reinterpret_cast<const float*>(st + L::kNorm);
+  const int base = 8 * (g >> 1) + (g & 1);
 #pragma unroll
-  for (int kt = 0; kt < 2; ++kt) {  // C fragments of tiles 2kt, 2kt+1 are the A fragment of k-step kt
-    pa[kt][0] = pack_half2(sc[2 * kt][0], sc[2 * kt][1]);
-    pa[kt][1] = pack_half2(sc[2 * kt][2], sc[2 * kt][3]);
-    pa[kt][2] = pack_half2(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
-    pa[kt][3] = pack_half2(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
-  }
-}
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int t = base + 4 * mt + 2 * hf;
+      const float f = nrm[t] * scale_log2;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int hc = 0; hc < 2; ++hc) sc[mt][nt][2 * hf + hc] = (sc[mt][nt][2 * hf + hc] + bias[0][nt][2 * hf + hc] + bias[1][nt][2 * hf + hc]) * f;
+      if (tail) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int hc = 0; hc < 2; ++hc)
+            if (t >= valid) sc[mt][nt][2 * hf + hc] = -INFINITY;
+      }
+    }
+  uint32_t pb[2][NT][2];
+  softmax_to_p<D, NT, 2>(sc, w, pb);
 
-// Scores of one staged group: sc[j] = tile of tokens 8j..8j+7 (log2 units, masked).
-template <int D>
-__device__ __forceinline__ void group_scores(const WarpStage<D>& s, const uint4 (*qa)[32], int valid,
-                                             float scale_log2, float sc[4][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const uint32_t sel = gather_selector(g), sh = 2 * (g & 3);
+  uint32_t vw[KS];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+  for (int j = 0; j < KS / 4; ++j) {
+    const uint4 x = *reinterpret_cast<const uint4*>(st + L::kVC + 16 * (32 * j + lane));
+    vw[4 * j] = x.x, vw[4 * j + 1] = x.y, vw[4 * j + 2] = x.z, vw[4 * j + 3] = x.w;
+  }
+  // Lane c's tokens are 8c .. 8c + 7 (register x: tokens 8c + 2x, + 1 = B fragment e of step kt, x = 2 kt + e).
+  {  // Y / Z: A rows g < NDG are the value scales of channel group g, rows NDG..2 NDG-1 the zeros.
+    uint4 za = make_uint4(0u, 0u, 0u, 0u);
+    if (g < 2 * NDG) za = *reinterpret_cast<const uint4*>(st + (g < NDG ? L::kVS : L::kVZ) + 16 * (4 * (g % NDG) + c));
+    const uint32_t zr[4] = {za.x, za.y, za.z, za.w};
 #pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    const int ch = 16 * ks + 2 * c;
-    const uint4 a4 = qa[ks][lane];
-    const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
-    const uint2 lo = *reinterpret_cast<const uint2*>(s.ksz[ch / 2]);
-    const uint2 hi = *reinterpret_cast<const uint2*>(s.ksz[ch / 2 + 4]);
-    const __half2 s_lo = as_half2(lo.x), z_lo = as_half2(lo.y), s_hi = as_half2(hi.x), z_hi = as_half2(hi.y);
+    for (int kt = 0; kt < 2; ++kt) {
+      const uint32_t a[4] = {zr[2 * kt], 0u, zr[2 * kt + 1], 0u};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint2 wl = *reinterpret_cast<const uint2*>(&s.kw[r][ch]);
-      const uint2 wh = *reinterpret_cast<const uint2*>(&s.kw[r][ch + 8]);
-      const uint32_t ul = gather_codes(wl.x, wl.y, sel, sh), uh = gather_codes(wh.x, wh.y, sel, sh);
-      mma16816(sc[2 * r], a, dequant2(ul << 8, s_lo, z_lo), dequant2(uh << 8, s_hi, z_hi));
-      mma16816(sc[2 * r + 1], a, dequant2(ul, s_lo, z_lo), dequant2(uh, s_hi, z_hi));
+      for (int nt = 0; nt < NT; ++nt) mma16816(w.zacc[nt], a, pb[kt][nt][0], pb[kt][nt][1]);
     }
   }
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int dg = 0; dg < NDG; ++dg) {
+    const uint4 s4 = *reinterpret_cast<const uint4*>(st + L::kVS + 16 * (4 * dg + c));
+    const uint32_t sv[4] = {s4.x, s4.y, s4.z, s4.w};
+    uint32_t bm[2][NT][2];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int t = 8 * j + 2 * c + (e & 1);
-      sc[j][e] = t < valid ? sc[j][e] * scale_log2 * s.norm[t] : -INFINITY;
-    }
-}
-
-// O += P V_hat for one staged group.
-template <int D>
-__device__ __forceinline__ void group_pv(const WarpStage<D>& s, const uint32_t pa[2][4], Frag<D>& f) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const uint32_t sel = gather_selector(g), sh = 2 * (g & 3);
+    for (int kt = 0; kt < 2; ++kt)
 #pragma unroll
-  for (int kt = 0; kt < 2; ++kt) {
-    const int t = 16 * kt + 2 * c;
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int i = 0; i < D / 16; ++i) {
-      const uint2 va = *reinterpret_cast<const uint2*>(s.vsz[i / 2][t / 2]);
-      const uint2 vb = *reinterpret_cast<const uint2*>(s.vsz[i / 2][t / 2 + 4]);
-      const __half2 sa = as_half2(va.x), za = as_half2(va.y), sb = as_half2(vb.x), zb = as_half2(vb.y);
-      const uint2 wa = *reinterpret_cast<const uint2*>(&s.vw[i][t]);
-      const uint2 wb = *reinterpret_cast<const uint2*>(&s.vw[i][t + 8]);
-      const uint32_t ua = gather_codes(wa.x, wa.y, sel, sh), ub = gather_codes(wb.x, wb.y, sel, sh);
-      mma16816(f.acc[2 * i], pa[kt], dequant2(ua << 8, sa, za), dequant2(ub << 8, sb, zb));
-      mma16816(f.acc[2 * i + 1], pa[kt], dequant2(ua, sa, za), dequant2(ub, sb, zb));
+        for (int e = 0; e < 2; ++e) bm[kt][nt][e] = as_u32(hmul2u(pb[kt][nt][e], sv[2 * kt + e]));
+#pragma unroll
+    for (int mh = 0; mh < 2; ++mh) {
+      const int mv = 2 * dg + mh;
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt) {
+        uint32_t a[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int f = (4 * kt + r) * KS + mv;
+          a[r] = dequant_pair(vw[f >> 3], f & 7);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma16816(w.acc[mv][nt], a, bm[kt][nt][0], bm[kt][nt][1]);
+      }
     }
   }
 }
 
-// A fragments of the 16 query rows staged in shared memory (fp32) -> fp16 fragments in shared memory,
-// written by warp 0 (the caller synchronizes).
-template <int D>
-__device__ __forceinline__ void query_frags(const float (*q)[D], uint4 (*qa)[32]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  if (threadIdx.x >= 32) return;
+// O = O^T - B Y + Z (the value zeros and the code offset; B = slot_base(mv): 4 even tiles, 16 odd), then l
+// summed over the lanes of each column.
+template <int D, int NT>
+__device__ __forceinline__ void finish_state(WarpState<D, NT>& w) {
+  constexpr int NDG = D / 32;
+  const int c = threadIdx.x & 3;
 #pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    const int k = 16 * ks + 2 * c;
-    qa[ks][lane] = make_uint4(pack_half2(q[g][k], q[g][k + 1]), pack_half2(q[g + 8][k], q[g + 8][k + 1]),
-                              pack_half2(q[g][k + 8], q[g][k + 9]), pack_half2(q[g + 8][k + 8], q[g + 8][k + 9]));
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int dg = 0; dg < NDG; ++dg) {
+      float y[2], z[2];
+#pragma unroll
+      for (int hc = 0; hc < 2; ++hc) {
+        y[hc] = __shfl_sync(0xffffffffu, w.zacc[nt][hc], 4 * dg + c);
+        z[hc] = __shfl_sync(0xffffffffu, w.zacc[nt][hc], 4 * (NDG + dg) + c);
+      }
+#pragma unroll
+      for (int mh = 0; mh < 2; ++mh)  // mv = 2 dg + mh: slot parity mh (frag_slots)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w.acc[2 * dg + mh][nt][e] += z[e & 1] - slot_base(mh) * y[e & 1];
+    }
+#pragma unroll
+    for (int hc = 0; hc < 2; ++hc) {
+      float l = w.l[nt][hc];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      w.l[nt][hc] = l;
+    }
   }
 }
 

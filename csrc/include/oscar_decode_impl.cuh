@@ -1,104 +1,179 @@
-// Kernels and host launchers of oscar_decode.cuh (split out to keep each file short).
+// The decode kernel of oscar_decode.cuh: per-warp cp.async pipeline over the quantized groups, the
+// full-precision window, the warps' merge into one partial per split (then oscar_combine.cuh).
 #pragma once
 #include <cuda_runtime.h>
 
 namespace oscar {
 
-template <typename T>
-__device__ __forceinline__ uint32_t h2_from(const T* a, const T* b, bool ok) {
-  return ok ? pack_half2(to_float(*a), to_float(*b)) : 0u;
-}
+template <int D, int NT>
+struct DecodeSmem {
+  static constexpr int kRows = 8 * NT;
+  union {
+    unsigned char stage[kWarps][kStages][Stage<D>::kBytes];  // quantized CTAs: each warp's pipeline
+    struct {  // the window CTA: 16 tokens per warp step, keys as rows and values transposed (fp16)
+      __half k[16][D + 8];
+      __half vt[D][16 + 8];
+    } res[kWarps];
+    float acc[kWarps][kRows][D];  // the warps' final O, merged into the split's partial
+  };
+  float q[kRows][D];  // query rows (rotated for quantized CTAs) before they become B fragments
+  float m[kWarps][kRows], l[kWarps][kRows];
+  int last;  // this CTA merges the splits (oscar_combine.cuh)
+};
 
-// (v[t][ch], v[t + 1][ch]) as half2; rows at or past res_len read as 0 (their p is 0, and 0 * garbage
-// could be NaN).
-template <typename T>
-__device__ __forceinline__ uint32_t value_pair(const T* v, int64_t stride, int t, int res_len) {
-  const float a = t < res_len ? to_float(v[0]) : 0.f;
-  const float b = t + 1 < res_len ? to_float(v[stride]) : 0.f;
-  return pack_half2(a, b);
-}
-
-// Residual window (full precision, not rotated): warp w takes 32-token chunks w, w + 4, ...
-template <int D, typename T>
-__device__ void residual_part(const DecodeParams& p, int b, int h, const uint4 (*qa)[32], Frag<D>& f) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int res_len = p.res_lens[b];
-  const T* kr = static_cast<const T*>(p.k_res) + b * p.kr_sb + h * p.kr_sh;
-  const T* vr = static_cast<const T*>(p.v_res) + b * p.vr_sb + h * p.vr_sh;
-  // Row r is query token r / group; token a of Lq sees positions < res_len - lq + 1 + a.
-  const int rows = p.group * p.lq;
-  const int lim0 = g < rows ? res_len - p.lq + 1 + g / p.group : 0;
-  const int lim1 = g + 8 < rows ? res_len - p.lq + 1 + (g + 8) / p.group : 0;
-  for (int t0 = kGroup * warp; t0 < res_len; t0 += kGroup * kWarps) {
-    float sc[4][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int ch = 16 * ks + 2 * c;
-      const uint4 a4 = qa[ks][lane];
-      const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int t = t0 + 8 * j + g;
-        const T* row = kr + static_cast<int64_t>(t) * p.kr_st;
-        mma16816(sc[j], a, h2_from(row + ch, row + ch + 1, t < res_len),
-                 h2_from(row + ch + 8, row + ch + 9, t < res_len));
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = t0 + 8 * j + 2 * c + (e & 1);
-        sc[j][e] = t < (e < 2 ? lim0 : lim1) ? sc[j][e] * p.scale_log2 : -INFINITY;
-      }
-    uint32_t pa[2][4];
-    softmax_step<D>(sc, f, pa);
-#pragma unroll
-    for (int kt = 0; kt < 2; ++kt) {
-      const int ta = t0 + 16 * kt + 2 * c;
-      const T* va = vr + static_cast<int64_t>(ta) * p.vr_st;
-      const T* vb = vr + static_cast<int64_t>(ta + 8) * p.vr_st;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const int ch = 8 * n + g;
-        mma16816(f.acc[n], pa[kt], value_pair(va + ch, p.vr_st, ta, res_len),
-                 value_pair(vb + ch, p.vr_st, ta + 8, res_len));
-      }
-    }
-  }
-}
-
+// Per-lane sources of one group's 16-byte chunks (oscar_decode.cuh Stage): codes in D/64 rounds, scales and
+// zeros (keys, values) and norms in one round each; `gi` selects the group.
 template <int D>
-__device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int split, const uint4 (*qa)[32],
-                               Frag<D>& f, WarpStage<D>& st) {
+struct GroupSource {
+  const unsigned char *kc, *ksz, *vc, *vsz, *norm;
+  __device__ __forceinline__ GroupSource(const DecodeParams& p, int64_t bh, int b) {
+    const int lane = threadIdx.x & 31;
+    constexpr int kSZ = D / 8;  // chunks of one scale row (keys) / one block's value scales
+    const int64_t t = p.tokens;
+    kc = reinterpret_cast<const unsigned char*>(p.kc + bh * (t / 16) * D) + 16 * lane;
+    const __half* ks = lane < kSZ ? p.ks : p.kz;
+    ksz = reinterpret_cast<const unsigned char*>(ks + bh * (t / 32) * D) + 16 * (lane % kSZ);
+    vc = reinterpret_cast<const unsigned char*>(p.vc + bh * t * (D / 16)) + 16 * lane;
+    const __half* vs = lane < kSZ ? p.vs : p.vz;
+    vsz = reinterpret_cast<const unsigned char*>(vs + bh * t * (D / 32)) + 16 * (lane % kSZ);
+    norm = reinterpret_cast<const unsigned char*>(p.norms + static_cast<int64_t>(b) * t) + 16 * lane;
+  }
+  __device__ __forceinline__ void issue(unsigned char* st, int gi) const {
+    using L = Stage<D>;
+    const int lane = threadIdx.x & 31;
+    const uint32_t dst = smem_addr(st) + 16 * lane;
+    const int64_t code_off = static_cast<int64_t>(gi) * 8 * D, sz_off = static_cast<int64_t>(gi) * 2 * D;
+#pragma unroll
+    for (int j = 0; j < D / 64; ++j) cp_async16(dst + L::kKC + 512 * j, kc + code_off + 512 * j);
+    if (lane < D / 4) cp_async16(dst + L::kKS, ksz + sz_off);
+#pragma unroll
+    for (int j = 0; j < D / 64; ++j) cp_async16(dst + L::kVC + 512 * j, vc + code_off + 512 * j);
+    if (lane < D / 4) cp_async16(dst + L::kVS, vsz + sz_off);
+    if (lane < 8) cp_async16(dst + L::kNorm, norm + static_cast<int64_t>(gi) * 128);
+  }
+};
+
+template <int D, int NT>
+__device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int split, const uint32_t (&qf)[D / 16][NT][2],
+                               WarpState<D, NT>& w, unsigned char (*stages)[Stage<D>::kBytes]) {
   const int warp = threadIdx.x >> 5;
   const int kv_len = p.kv_lens[b];
   const int start = split * p.split_tokens;
   const int end = min(start + p.split_tokens, kv_len);
-  const int g_end = (end + kGroup - 1) / kGroup;
-  int gi = start / kGroup + warp;
-  if (gi >= g_end) return;
-  GroupRegs<D> regs;
-  load_group<D>(regs, p, bh, b, gi);
-  for (; gi < g_end; gi += kWarps) {
+  const int first = start / kGroup + warp;
+  const int n = end > start ? ((end + kGroup - 1) / kGroup - first + kWarps - 1) / kWarps : 0;
+  if (n <= 0) return;
+  const GroupSource<D> src(p, bh, b);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n) src.issue(stages[s], first + kWarps * s);
+    cp_async_commit();
+  }
+  for (int k = 0; k < n; ++k) {
+    const int pre = k + kStages - 1;
+    if (pre < n) src.issue(stages[pre % kStages], first + kWarps * pre);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
     __syncwarp();
-    store_group<D>(regs, st, kv_len - kGroup * gi);
-    __syncwarp();
-    if (gi + kWarps < g_end) load_group<D>(regs, p, bh, b, gi + kWarps);  // in flight during the math
-    float sc[4][4];
-    group_scores<D>(st, qa, kv_len - kGroup * gi, p.scale_log2, sc);
-    uint32_t pa[2][4];
-    softmax_step<D>(sc, f, pa);
-    group_pv<D>(st, pa, f);
+    const int gi = first + kWarps * k;
+    group_step<D, NT>(stages[k % kStages], qf, w, kv_len - kGroup * gi, p.scale_log2);
+    __syncwarp();  // the stage is refilled next iteration
   }
 }
 
-// Load the query rows into shared memory (rotated by the Hadamard for quantized CTAs).
-template <int D, typename T>
-__device__ void stage_query(const DecodeParams& p, int b, int h, bool rotate, float (*q)[D]) {
+// 8 elements (16 bytes) as 4 fp16 pairs.
+template <typename T>
+__device__ __forceinline__ uint4 to_half8(uint4 x);
+template <>
+__device__ __forceinline__ uint4 to_half8<__half>(uint4 x) { return x; }
+template <>
+__device__ __forceinline__ uint4 to_half8<__nv_bfloat16>(uint4 x) {
+  uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = as_u32(__float22half2_rn(__bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]))));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Full-precision window (not rotated): warp w takes 16-token steps w, w + 4, ... Keys staged as rows, values
+// transposed, both fp16 (rows past res_len are 0): all 16-byte loads of a step are issued before any is used
+// (the window is on the critical path of a batch-1 step). Causal inside the window for Lq > 1.
+template <int D, int NT, typename T>
+__device__ void residual_part(const DecodeParams& p, int b, int h, const uint32_t (&qf)[D / 16][NT][2],
+                              WarpState<D, NT>& w, __half (*kb)[D + 8], __half (*vt)[16 + 8]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int res_len = p.res_lens[b];
+  const T* kr = static_cast<const T*>(p.k_res) + b * p.kr_sb + h * p.kr_sh;
+  const T* vr = static_cast<const T*>(p.v_res) + b * p.vr_sb + h * p.vr_sh;
+  const int rows = p.group * p.lq;
+  int lim[NT][2];  // query row 8 nt + 2c + hc (token a = row / group) sees window positions < lim
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int hc = 0; hc < 2; ++hc) {
+      const int row = 8 * nt + 2 * c + hc;
+      lim[nt][hc] = row < rows ? res_len - p.lq + 1 + row / p.group : 0;
+    }
+  constexpr int kVecs = 16 * D / 8 / 32;  // 16-byte vectors per lane per step (8 for D = 128)
+  for (int t0 = 16 * warp; t0 < res_len; t0 += 16 * kWarps) {
+    uint4 kx[kVecs], vx[kVecs];
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int idx = lane + 32 * i, t = idx / (D / 8), d = 8 * (idx % (D / 8));
+      const bool ok = t0 + t < res_len;
+      kx[i] = ok ? __ldg(reinterpret_cast<const uint4*>(kr + static_cast<int64_t>(t0 + t) * p.kr_st + d)) : make_uint4(0u, 0u, 0u, 0u);
+      vx[i] = ok ? __ldg(reinterpret_cast<const uint4*>(vr + static_cast<int64_t>(t0 + t) * p.vr_st + d)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    __syncwarp();  // the previous step's reads of kb / vt are done
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int idx = lane + 32 * i, t = idx / (D / 8), d = 8 * (idx % (D / 8));
+      *reinterpret_cast<uint4*>(&kb[t][d]) = to_half8<T>(kx[i]);
+      const uint4 v8 = to_half8<T>(vx[i]);
+      const __half* vh = reinterpret_cast<const __half*>(&v8);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) vt[d + j][t] = vh[j];
+    }
+    __syncwarp();
+    float sc[1][NT][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t a[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        a[r] = *reinterpret_cast<const uint32_t*>(&kb[g + 8 * (r & 1)][frag_channel(ks, 2 * c + 8 * (r >> 1))]);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma16816(sc[0][nt], a, qf[ks][nt][0], qf[ks][nt][1]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = t0 + g + 8 * (e >> 1);
+        sc[0][nt][e] = t < lim[nt][e & 1] ? sc[0][nt][e] * p.scale_log2 : -INFINITY;
+      }
+    uint32_t pb[1][NT][2];
+    softmax_to_p<D, NT, 1>(sc, w, pb);
+#pragma unroll
+    for (int mv = 0; mv < D / 16; ++mv) {
+      uint32_t a[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        a[r] = *reinterpret_cast<const uint32_t*>(&vt[16 * mv + g + 8 * (r & 1)][2 * c + 8 * (r >> 1)]);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma16816(w.acc[mv][nt], a, pb[0][nt][0], pb[0][nt][1]);
+    }
+  }
+}
+
+// Query rows -> shared (rotated by the normalized Hadamard for quantized CTAs) -> fp16 B fragments in the
+// frag channel order (B = Q^T: k = channels frag_channel(ks, .), n = row 8 nt + g).
+template <int D, int NT, typename T>
+__device__ void query_fragments(const DecodeParams& p, int b, int h, bool rotate, float (*q)[D],
+                                uint32_t (&qf)[D / 16][NT][2]) {
   const int rows = p.group * p.lq;
   const T* qp = static_cast<const T*>(p.q);
-  for (int idx = threadIdx.x; idx < 16 * D; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < 8 * NT * D; idx += blockDim.x) {
     const int r = idx / D, d = idx % D;
     float x = 0.f;
     if (r < rows) {
@@ -107,31 +182,35 @@ __device__ void stage_query(const DecodeParams& p, int b, int h, bool rotate, fl
     }
     q[r][d] = x;
   }
-  if (rotate) {
-    fwht_rows<D>(&q[0][0], 16, D);  // ends with __syncthreads
-    const float inv = rsqrtf(static_cast<float>(D));
-    for (int idx = threadIdx.x; idx < 16 * D; idx += blockDim.x) q[idx / D][idx % D] *= inv;
-  }
-  __syncthreads();
+  if (rotate) fwht_rows<D>(&q[0][0], 8 * NT, D);  // starts and ends with a barrier
+  else __syncthreads();
+  const float inv = rotate ? rsqrtf(static_cast<float>(D)) : 1.f;
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = frag_channel(ks, 2 * c + 8 * e);
+        qf[ks][nt][e] = pack_half2(q[8 * nt + g][d] * inv, q[8 * nt + g][d + 1] * inv);
+      }
 }
 
 // Merge the 4 warps' states and write this split's partial (valid rows only).
-template <int D>
-__device__ void write_partial(const DecodeParams& p, int64_t bh, int split, Frag<D>& f, DecodeSmem<D>& sm) {
+template <int D, int NT>
+__device__ void write_partial(const DecodeParams& p, int64_t bh, int split, WarpState<D, NT>& w, DecodeSmem<D, NT>& sm) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const float l0 = quad_sum(f.l[0]), l1 = quad_sum(f.l[1]);
-  __syncthreads();  // acc aliases the staging buffers other warps may still be reading
-  if (c == 0) {
-    sm.m[warp][g] = f.m[0], sm.m[warp][g + 8] = f.m[1];
-    sm.l[warp][g] = l0, sm.l[warp][g + 8] = l1;
-  }
+  __syncthreads();  // acc aliases the stages other warps may still be reading
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    sm.acc[warp][g][8 * n + 2 * c] = f.acc[n][0];
-    sm.acc[warp][g][8 * n + 2 * c + 1] = f.acc[n][1];
-    sm.acc[warp][g + 8][8 * n + 2 * c] = f.acc[n][2];
-    sm.acc[warp][g + 8][8 * n + 2 * c + 1] = f.acc[n][3];
-  }
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = 8 * nt + 2 * c + (e & 1);
+#pragma unroll
+      for (int mv = 0; mv < D / 16; ++mv) sm.acc[warp][row][16 * mv + g + 8 * (e >> 1)] = w.acc[mv][nt][e];
+      if (g == 0 && e < 2) sm.m[warp][row] = w.m[nt][e], sm.l[warp][row] = w.l[nt][e];
+    }
   __syncthreads();
   const int rows = p.group * p.lq;
   const int64_t slot = bh * (p.num_splits + 1) + split;
@@ -139,13 +218,13 @@ __device__ void write_partial(const DecodeParams& p, int64_t bh, int split, Frag
     const int r = idx / D, d = idx % D;
     float m = sm.m[0][r];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) m = fmaxf(m, sm.m[w][r]);
+    for (int k = 1; k < kWarps; ++k) m = fmaxf(m, sm.m[k][r]);
     float l = 0.f, o = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float a = exp2f(sm.m[w][r] - m);
-      l += a * sm.l[w][r];
-      o += a * sm.acc[w][r][d];
+    for (int k = 0; k < kWarps; ++k) {
+      const float a = exp2f(sm.m[k][r] - m);
+      l += a * sm.l[k][r];
+      o += a * sm.acc[k][r][d];
     }
     p.part_o[(slot * rows + r) * D + d] = o;
     if (d == 0) {
@@ -155,32 +234,17 @@ __device__ void write_partial(const DecodeParams& p, int64_t bh, int split, Frag
   }
 }
 
-constexpr float kNegInit = -1.0e30f;  // finite: fully masked tiles give exp2(-inf) = 0, never NaN
-
 #ifndef OSCAR_MIN_BLOCKS
-#define OSCAR_MIN_BLOCKS 2  // CTAs per SM the register budget must allow (a build-time specialization)
+#define OSCAR_MIN_BLOCKS 3  // CTAs per SM the register budget must allow with one head tile (a specialization)
 #endif
 
-template <int D, typename T>
-__global__ void __launch_bounds__(kThreads, OSCAR_MIN_BLOCKS) decode_split_kernel(const DecodeParams p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  DecodeSmem<D>& sm = *reinterpret_cast<DecodeSmem<D>*>(smem_raw);
-  const int split = blockIdx.x;
-  const int64_t bh = blockIdx.y;
-  const int b = static_cast<int>(bh / p.kv_heads), h = static_cast<int>(bh % p.kv_heads);
-  const bool residual = split == p.num_splits;
-  stage_query<D, T>(p, b, h, p.rotate && !residual, sm.work.q);
-  query_frags<D>(sm.work.q, sm.qa);
-  __syncthreads();
-  Frag<D> f;
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) f.acc[n][0] = f.acc[n][1] = f.acc[n][2] = f.acc[n][3] = 0.f;
-  f.m[0] = f.m[1] = kNegInit;
-  f.l[0] = f.l[1] = 0.f;
-  if (residual) residual_part<D, T>(p, b, h, sm.qa, f);
-  else quantized_part<D>(p, b, bh, split, sm.qa, f, sm.work.stage[threadIdx.x >> 5]);
-  write_partial<D>(p, bh, split, f, sm);
-}
+template <int NT>
+struct MinBlocks {
+  static constexpr int value = NT == 1 ? OSCAR_MIN_BLOCKS : 2;
+};
+
+template <int D, int NT, typename T>
+__global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_kernel(const DecodeParams p);
 
 }  // namespace oscar
 

@@ -4,13 +4,15 @@
 // pack_kernel, grid (T / 32, H, B), 128 threads: one CTA packs tokens [32 g, 32 g + 32) of one head:
 //   K_rot = fwht(K) / sqrt(D)
 //   keys:   per channel over the 32 tokens of K_rot / n: s = fp16((max - min) / 3), z = fp16(min),
-//           code = clamp(rint((x - z) / s), 0, 3); word (g*2 + r, channel) holds tokens 16r..16r+15
-//   values: per token over each 32 channels of V_rot; word (token, w) holds channels 16w..16w+15
-// Layout and rounding exactly as quant.primitives.asym_quantize + pack_codes (quant/packed.py).
+//           code = clamp(rint((x - z) / s), 0, 3)
+//   values: per token over each 32 channels of V_rot
+// Rounding exactly as quant.primitives.asym_quantize; codes written in the "frag" order (oscar_layout.cuh,
+// quant.packed.frag_pack) and value scales/zeros per block as [D/32][32] (quant.packed.frag_scales).
 #pragma once
 #include <cuda_runtime.h>
 
 #include "oscar_common.cuh"
+#include "oscar_layout.cuh"
 
 namespace oscar {
 
@@ -74,27 +76,40 @@ __global__ void __launch_bounds__(kThreads) norm_kernel(const PackParams p) {
   }
 }
 
+// The block's 2 D words in the frag order from its natural codes (keys or values); thread = word.
+template <int D>
+__device__ void write_frag_words(const uint8_t (*codes)[D], int32_t* out, bool keys) {
+  __syncthreads();  // codes were written by other threads
+  for (int word = threadIdx.x; word < 2 * D; word += blockDim.x) {
+    uint32_t x = 0u;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      int t, ch;
+      frag_slot<D>(keys, word, i, t, ch);
+      x |= static_cast<uint32_t>(codes[t][ch]) << (2 * i);
+    }
+    out[word] = static_cast<int32_t>(x);
+  }
+}
+
 // Keys of one (32-token group, head): thread = channel.
 template <int D>
-__device__ void quantize_keys(const PackParams& p, int64_t bh, int grp, const float (*x)[D + 1]) {
+__device__ void quantize_keys(const PackParams& p, int64_t bh, int grp, const float (*x)[D + 1], uint8_t (*codes)[D]) {
   if (threadIdx.x >= D) return;
   const int d = threadIdx.x;
   float lo = x[0][d], hi = x[0][d];
   for (int t = 1; t < kGroup; ++t) lo = fminf(lo, x[t][d]), hi = fmaxf(hi, x[t][d]);
   const __half s = __float2half_rn(fmaxf(__half2float(__float2half_rn(__fdiv_rn(hi - lo, 3.f))), kMinScale)), z = __float2half_rn(lo);
   const float sf = __half2float(s), zf = __half2float(z);
-  uint32_t w[2] = {0u, 0u};
 #pragma unroll
-  for (int t = 0; t < kGroup; ++t) w[t / 16] |= quant_code(x[t][d], sf, zf) << (2 * (t % 16));
-  p.kc[(bh * (p.tokens / 16) + 2 * grp) * D + d] = static_cast<int32_t>(w[0]);
-  p.kc[(bh * (p.tokens / 16) + 2 * grp + 1) * D + d] = static_cast<int32_t>(w[1]);
+  for (int t = 0; t < kGroup; ++t) codes[t][d] = static_cast<uint8_t>(quant_code(x[t][d], sf, zf));
   p.ks[(bh * (p.tokens / 32) + grp) * D + d] = s;
   p.kz[(bh * (p.tokens / 32) + grp) * D + d] = z;
 }
 
 // Values of one (32-token group, head): thread = (token, 32-channel group).
 template <int D>
-__device__ void quantize_values(const PackParams& p, int64_t bh, int t0, const float (*x)[D + 1]) {
+__device__ void quantize_values(const PackParams& p, int64_t bh, int t0, const float (*x)[D + 1], uint8_t (*codes)[D]) {
   if (threadIdx.x >= kGroup * (D / 32)) return;
   const int t = threadIdx.x / (D / 32), cg = threadIdx.x % (D / 32);
   const float* row = &x[t][32 * cg];
@@ -102,20 +117,18 @@ __device__ void quantize_values(const PackParams& p, int64_t bh, int t0, const f
   for (int i = 1; i < 32; ++i) lo = fminf(lo, row[i]), hi = fmaxf(hi, row[i]);
   const __half s = __float2half_rn(fmaxf(__half2float(__float2half_rn(__fdiv_rn(hi - lo, 3.f))), kMinScale)), z = __float2half_rn(lo);
   const float sf = __half2float(s), zf = __half2float(z);
-  uint32_t w[2] = {0u, 0u};
 #pragma unroll
-  for (int i = 0; i < 32; ++i) w[i / 16] |= quant_code(row[i], sf, zf) << (2 * (i % 16));
-  const int64_t tok = bh * p.tokens + t0 + t;
-  p.vc[tok * (D / 16) + 2 * cg] = static_cast<int32_t>(w[0]);
-  p.vc[tok * (D / 16) + 2 * cg + 1] = static_cast<int32_t>(w[1]);
-  p.vs[tok * (D / 32) + cg] = s;
-  p.vz[tok * (D / 32) + cg] = z;
+  for (int i = 0; i < 32; ++i) codes[t][32 * cg + i] = static_cast<uint8_t>(quant_code(row[i], sf, zf));
+  const int64_t slot = (bh * p.tokens + t0) * (D / 32) + cg * kGroup + t;  // per block [D/32][32]
+  p.vs[slot] = s;
+  p.vz[slot] = z;
 }
 
 // Grid (T / 32, H, B): rotate, scale by the token norms (computed first by norm_kernel), quantize, pack.
 template <int D, typename T>
 __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p) {
   __shared__ float x[kGroup][D + 1];  // +1: channel-wise walks hit distinct banks
+  __shared__ uint8_t codes[kGroup][D];
   const int grp = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t0 = kGroup * grp;
   const int64_t bh = static_cast<int64_t>(b) * p.heads + h;
   const T* kb = static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh + t0 * p.k_st;
@@ -127,9 +140,11 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const PackParams p) {
       x[idx / D][idx % D] = __fdiv_rn(x[idx / D][idx % D], n[idx / D]);
     __syncthreads();
   }
-  quantize_keys<D>(p, bh, grp, x);
+  quantize_keys<D>(p, bh, grp, x, codes);
+  write_frag_words<D>(codes, p.kc + (bh * (p.tokens / 16) + 2 * grp) * D, true);
   load_rotated<D, T>(vb, p.v_st, p.rotate, x);
-  quantize_values<D>(p, bh, t0, x);
+  quantize_values<D>(p, bh, t0, x, codes);
+  write_frag_words<D>(codes, p.vc + (bh * p.tokens + t0) * (D / 16), false);
 }
 
 template <int D, typename T>

@@ -76,9 +76,10 @@ def _check_packed(kv: PackedKV, b: int, hkv: int, d: int) -> None:
 
 
 def prepare_decode(query: torch.Tensor, kv: PackedKV, kv_lens=None, res_lens=None,
-                   rotate_query: bool = True) -> DecodeInputs:
+                   rotate_query: bool = True, order: str = "natural") -> DecodeInputs:
     """Check and flatten one layer's decode inputs (see DecodeInputs). query [B, Hq, Lq, D].
-    rotate_query=False leaves qr empty (a kernel that rotates the query itself)."""
+    rotate_query=False leaves qr empty (a kernel that rotates the query itself). order: the code order the
+    kernel reads (quant/packed.py); codes stored in the other order are converted (a slow fallback)."""
     if query.dim() != 4:
         raise ValueError(f"query must be [B, Hq, Lq, D], got shape {tuple(query.shape)}")
     b, hq, lq, d = query.shape
@@ -103,8 +104,9 @@ def prepare_decode(query: torch.Tensor, kv: PackedKV, kv_lens=None, res_lens=Non
     else:
         _check_packed(kv, b, hkv, d)
         t = kv.k.num_tokens
-        kc, ks, kz = (x.contiguous() for x in (kv.k.codes, kv.k.scale, kv.k.zero))
-        vc, vs, vz = (x.contiguous() for x in (kv.v.codes, kv.v.scale, kv.v.zero))
+        kq, vq = kv.k.to_order(order), kv.v.to_order(order)
+        kc, ks, kz = (x.contiguous() for x in (kq.codes, kq.scale, kq.zero))
+        vc, vs, vz = (x.contiguous() for x in (vq.codes, vq.scale, vq.zero))
         norms = kv.norms if kv.norms is not None else torch.ones(b, t, device=dev)
         norms = norms.to(torch.float32).contiguous()
     hd = kv.hadamard if kv.hadamard is not None else torch.eye(d, device=dev)

@@ -19,7 +19,7 @@ from quant.kernels.common import choose_split, num_sms, prepare_decode
 from quant.packed import PackedKV, QTensor
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
-SOURCES = ("oscar_bindings.cu", "include/oscar_common.cuh", "include/oscar_decode.cuh",
+SOURCES = ("oscar_bindings.cu", "include/oscar_common.cuh", "include/oscar_layout.cuh", "include/oscar_decode.cuh",
            "include/oscar_decode_impl.cuh", "include/oscar_combine.cuh", "include/oscar_pack.cuh")
 
 
@@ -53,7 +53,7 @@ def specialization_name(head_dim: int, arch: str, min_blocks: int) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def load(head_dim: int, arch: str | None = None, min_blocks: int = 2, verbose: bool = False):
+def load(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: bool = False):
     """Build (or reuse) and import the extension for one head dim; returns the module (decode, pack)."""
     from torch.utils.cpp_extension import load as cpp_load
 
@@ -83,40 +83,64 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 
 
 def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None,
-                     split_tokens: int | None = None, min_blocks: int = 2, waves: float | None = None) -> torch.Tensor:
+                     split_tokens: int | None = None, min_blocks: int = 3, waves: float | None = None) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
-    Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16.
-    min_blocks: CTAs per SM the build's register budget allows (a specialization); waves: split-KV plan
-    size in units of the device's resident CTAs (SMs * min_blocks); default 1 when B * Hkv <= 32, else 2
-    (the best of 1, 2, 4 on an H200 for the shapes in quant/kernels/NOTES.md).
+    Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
+    reads codes in the "frag" order (what pack_kv writes); a cache in the natural order is converted first
+    (correct but slow). min_blocks: CTAs per SM the build's register budget allows with up to 8 query rows
+    per KV head (a specialization); waves: split-KV plan size in units of the device's resident CTAs
+    (SMs * min_blocks), default 1 below 32 (batch x KV heads), else 2 (measured: quant/kernels/NOTES.md).
     """
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
         raise ValueError("the CUDA kernels rotate with the Sylvester Hadamard; this cache uses another "
                          "rotation: use backend='triton' or 'torch'")
-    x = prepare_decode(query, kv, kv_lens, res_lens, rotate_query=False)
+    x = prepare_decode(query, kv, kv_lens, res_lens, rotate_query=False, order="frag")
     if x.group * x.lq > 16:
         raise ValueError(f"(Hq / Hkv) * Lq = {x.group * x.lq} query rows per KV head exceed the 16 rows of one "
                          "tensor-core tile: use backend='triton' or fewer speculative tokens")
     if split_tokens is None:
         slots = num_sms(query.device) * min_blocks
-        waves = waves if waves is not None else (1.0 if x.batch * x.kv_heads <= 32 else 2.0)
+        waves = waves if waves is not None else (1.0 if x.batch * x.kv_heads < 32 else 2.0)
         split_tokens, splits = choose_split(x.tokens, x.batch * x.kv_heads, 128, slots, waves)
-        while splits + 1 > 1024:  # the combine kernel's limit
+        while splits + 1 > 1024:  # the merge's limit
             split_tokens *= 2
             splits = -(-x.tokens // split_tokens)
     else:
         splits = -(-x.tokens // split_tokens) if x.tokens else 0
     mod = load(x.head_dim, min_blocks=min_blocks)
+    if not all(_aligned(r) for r in (x.k_res, x.v_res)):  # the kernel reads the window with 16-byte loads
+        x.k_res, x.v_res = x.k_res.contiguous(), x.v_res.contiguous()
     out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                     x.tokens, splits, split_tokens, float(scaling), kv.hadamard is not None)
+                     _counters(query.device, x.batch * x.kv_heads), x.tokens, splits, split_tokens, float(scaling),
+                     kv.hadamard is not None)
     return out.to(query.dtype)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:3])
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """Per-(b, kv head) arrival counters of the split merge: zeroed once, reset to 0 by the kernel itself
+    (so a decode step is one launch, graph-capturable). One buffer per device: decode calls on one device
+    must not run concurrently on different streams."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
 
 
 def pack_kv(k: torch.Tensor, v: torch.Tensor, rotate: bool = True, token_norm: bool = True):
     """Quantize and pack K, V [B, H, T, D] (T % 32 == 0) with the CUDA kernel; same return value as
-    quant.methods.oscar.pack_block: (k_q QTensor axis -2, v_q QTensor axis -1, norms fp32 [B, T] or None)."""
+    quant.methods.oscar.pack_block: (k_q QTensor axis -2, v_q QTensor axis -1, norms fp32 [B, T] or None),
+    codes in the "frag" order the decode kernel reads (quant/packed.py)."""
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
     kc, ks, kz, vc, vs, vz, norms = load(k.shape[-1]).pack(k, v, rotate, token_norm)
-    return QTensor(kc, ks, kz, 2, 32, -2), QTensor(vc, vs, vz, 2, 32, -1), norms if token_norm else None
+    return (QTensor(kc, ks, kz, 2, 32, -2, order="frag"), QTensor(vc, vs, vz, 2, 32, -1, order="frag"),
+            norms if token_norm else None)

@@ -24,7 +24,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "tests stage: $(( $(date +%s) - t0 ))s"
 fi
 if [ -n "${PROFILE:-}" ]; then  # Nsight Compute on one decode launch: PROFILE="--batch 1 --context 32768"
-  timeout 240 ncu --clock-control none --kernel-name regex:"decode_split|combine" --launch-skip 4 --launch-count 2 \
+  timeout 240 ncu --clock-control none --kernel-name regex:"decode_split" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
     --section SchedulerStats $PY -m quant.kernels.profile_decode $PROFILE >"$OUT/ncu.txt" 2>&1
   grep -E "Duration|Throughput|Achieved Occupancy|Theoretical Occupancy|Registers|Stall|Issued Warp|No Eligible|Active Warps|Block Limit" "$OUT/ncu.txt" | head -n 40

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from quant.kernels import decode_attention, pack_kv
+from quant.kernels import decode_attention, default_backend, pack_kv
 from quant.packed import PackedKV, QTensor
 from quant.primitives import hadamard
 
@@ -49,10 +49,11 @@ class PackedDecodeLayer(CacheLayerMixin):
         dev, self.dtype, self.device = key_states.device, key_states.dtype, key_states.device
         i32, f16 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.float16, device=dev)
         t = self.capacity
+        order = "frag" if (self.backend or default_backend(dev)) == "cuda" else "natural"  # what pack_kv writes
         self.k = QTensor(torch.zeros(b, h, t // 16, d, **i32), torch.zeros(b, h, t // 32, d, **f16),
-                         torch.zeros(b, h, t // 32, d, **f16), 2, 32, -2)
+                         torch.zeros(b, h, t // 32, d, **f16), 2, 32, -2, order=order)
         self.v = QTensor(torch.zeros(b, h, t, d // 16, **i32), torch.zeros(b, h, t, d // 32, **f16),
-                         torch.zeros(b, h, t, d // 32, **f16), 2, 32, -1)
+                         torch.zeros(b, h, t, d // 32, **f16), 2, 32, -1, order=order)
         self.norms = torch.ones(b, t, dtype=torch.float32, device=dev)
         self.k_res = torch.zeros(b, h, BLOCK, d, dtype=key_states.dtype, device=dev)
         self.v_res = torch.zeros_like(self.k_res)
@@ -67,6 +68,7 @@ class PackedDecodeLayer(CacheLayerMixin):
         if t0 + n > self.capacity:
             raise ValueError(f"cache capacity {self.capacity} exceeded: make it larger")
         kq, vq, norms = pack_kv(k, v, backend=self.backend)
+        kq, vq = kq.to_order(self.k.order), vq.to_order(self.v.order)  # blocks are self-contained
         self.k.codes[:, :, t0 // 16:(t0 + n) // 16] = kq.codes
         self.k.scale[:, :, t0 // 32:(t0 + n) // 32], self.k.zero[:, :, t0 // 32:(t0 + n) // 32] = kq.scale, kq.zero
         self.v.codes[:, :, t0:t0 + n], self.v.scale[:, :, t0:t0 + n], self.v.zero[:, :, t0:t0 + n] = (
