@@ -103,3 +103,16 @@ def test_cuda_pack_then_decode_long_and_repeated(d, heads, group):
     ref = attention_f64(q, kv, d**-0.5, lens)
     err, budget = relative_error(out, ref), relative_error(attention_bf16(q, kv, d**-0.5, lens), ref)
     assert err <= 2 * budget, f"kernel error {err:.2e} > 2 x bf16 error {budget:.2e}"
+
+
+def test_split_plan_fills_the_resident_ctas():
+    # One CTA per (split, b x kv head), the window folded into one: a plan never spills one CTA into a wave.
+    from quant.kernels.cuda import plan_splits
+
+    assert plan_splits(131072, 8, 396) == (2688, 49)  # 392 CTAs on 396 slots
+    assert plan_splits(32768, 128, 396) == (11008, 3)  # 384 CTAs
+    assert plan_splits(4096, 512, 396) == (1408, 3)  # 1536 CTAs = 3.9 of 4 waves
+    assert plan_splits(0, 8, 396) == (128, 0)
+    for tokens, rows in [(4096, 8), (300, 3), (131072, 1), (65536, 40)]:
+        split, n = plan_splits(tokens, rows, 396)
+        assert split % 128 == 0 and n * split >= tokens and (n - 1) * split < tokens and rows * n <= max(396, rows)

@@ -64,27 +64,38 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
   }
 }
 
+// Grid (max(num_splits, 1), B * Hkv): CTA x attends to quantized split x; the last CTA of each (b, h) also
+// attends to the full-precision window first (its own partial, slot num_splits), so no CTA sits on a slot
+// with little work. The last CTA to finish merges all partials (threadFenceReduction pattern).
 template <int D, int NT, typename T>
 __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   DecodeSmem<D, NT>& sm = *reinterpret_cast<DecodeSmem<D, NT>*>(smem_raw);
-  // blockIdx.x 0 is the window (scheduled first: it is the longest single chain at batch 1), then splits.
-  const int split = blockIdx.x == 0 ? p.num_splits : blockIdx.x - 1, warp = threadIdx.x >> 5;
+  const int split = blockIdx.x, warp = threadIdx.x >> 5;
   const int64_t bh = blockIdx.y;
   const int b = static_cast<int>(bh / p.kv_heads), h = static_cast<int>(bh % p.kv_heads);
-  const bool residual = split == p.num_splits;
+  int arrivals = 0;
   uint32_t qf[D / 16][NT][2];
-  query_fragments<D, NT, T>(p, b, h, p.rotate && !residual, sm.q, qf);
   WarpState<D, NT> w;
-  init_state<D, NT>(w);
-  if (residual) residual_part<D, NT, T>(p, b, h, qf, w, sm.res[warp].k, sm.res[warp].vt);
-  else quantized_part<D, NT>(p, b, bh, split, qf, w, sm.stage[warp]);
-  finish_state<D, NT>(w);
-  write_partial<D, NT>(p, bh, split, w, sm);
-  // The last CTA of this (b, h) to finish merges all splits (threadFenceReduction pattern).
+  if (split == gridDim.x - 1) {
+    query_fragments<D, NT, T>(p, b, h, false, sm.q, qf);
+    init_state<D, NT>(w);
+    residual_part<D, NT, T>(p, b, h, qf, w, sm.res[warp].k, sm.res[warp].vt);
+    finish_state<D, NT>(w);
+    write_partial<D, NT>(p, bh, p.num_splits, w, sm);
+    ++arrivals;
+  }
+  if (split < p.num_splits) {
+    query_fragments<D, NT, T>(p, b, h, p.rotate, sm.q, qf);  // its barriers also end write_partial's reads
+    init_state<D, NT>(w);
+    quantized_part<D, NT>(p, b, bh, split, qf, w, sm.stage[warp]);
+    finish_state<D, NT>(w);
+    write_partial<D, NT>(p, bh, split, w, sm);
+    ++arrivals;
+  }
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) sm.last = atomicAdd(p.counters + bh, 1) == p.num_splits;
+  if (threadIdx.x == 0) sm.last = atomicAdd(p.counters + bh, arrivals) + arrivals == p.num_splits + 1;
   __syncthreads();
   if (!sm.last) return;
   __threadfence();
@@ -102,11 +113,12 @@ cudaError_t launch_decode_nt(const DecodeParams& p, int batch, cudaStream_t stre
     if (e != cudaSuccess) return e;
     configured = true;
   }
-  decode_split_kernel<D, NT, T><<<dim3(p.num_splits + 1, batch * p.kv_heads), kThreads, smem, stream>>>(p);
+  decode_split_kernel<D, NT, T><<<dim3(max(p.num_splits, 1), batch * p.kv_heads), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
-// Host: one launch (split kernel with the merge in its last CTAs). batch = B. Returns the first CUDA error.
+// Host: one launch (splits, the window folded into the last split's CTA, the merge in the last CTA to
+// finish). batch = B. Returns the first CUDA error.
 template <int D, typename T>
 cudaError_t launch_decode(const DecodeParams& p, int batch, cudaStream_t stream) {
   const int rows = p.group * p.lq;

@@ -1,7 +1,8 @@
 // OScaR split-KV decode attention over the packed INT2 cache in the "frag" code order (oscar_layout.cuh).
 //
-// Grid (num_splits + 1, B * Hkv), 4 warps; the last CTA of each (b, kv head) attends to the full-precision
-// window, and the last CTA to finish (a counter per (b, kv head)) merges the partials (oscar_combine.cuh).
+// Grid (max(num_splits, 1), B * Hkv), 4 warps; the last split's CTA of each (b, kv head) also attends to the
+// full-precision window, and the last CTA to finish (a counter per (b, kv head)) merges the partials
+// (oscar_combine.cuh).
 // Products are transposed so that the 32 tokens of a group fill the tensor core's M = 16 rows twice and the
 // GQA heads x query tokens sit in N = 8 columns (NT tiles of 8):
 //   S^T = K_hat Q^T     (A = key codes straight from shared memory, k = channels; B = Q scaled per channel)

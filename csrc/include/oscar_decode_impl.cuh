@@ -96,8 +96,8 @@ __device__ __forceinline__ uint4 to_half8<__nv_bfloat16>(uint4 x) {
 }
 
 // Full-precision window (not rotated): warp w takes 16-token steps w, w + 4, ... Keys staged as rows, values
-// transposed, both fp16 (rows past res_len are 0): all 16-byte loads of a step are issued before any is used
-// (the window is on the critical path of a batch-1 step). Causal inside the window for Lq > 1.
+// transposed, both fp16 (rows past res_len are 0): a step's 16-byte loads of K are all issued before any is
+// used, then those of V (the window is on the critical path of a batch-1 step). Causal inside the window for Lq > 1.
 template <int D, int NT, typename T>
 __device__ void residual_part(const DecodeParams& p, int b, int h, const uint32_t (&qf)[D / 16][NT][2],
                               WarpState<D, NT>& w, __half (*kb)[D + 8], __half (*vt)[16 + 8]) {
@@ -116,20 +116,25 @@ __device__ void residual_part(const DecodeParams& p, int b, int h, const uint32_
     }
   constexpr int kVecs = 16 * D / 8 / 32;  // 16-byte vectors per lane per step (8 for D = 128)
   for (int t0 = 16 * warp; t0 < res_len; t0 += 16 * kWarps) {
-    uint4 kx[kVecs], vx[kVecs];
+    uint4 x[kVecs];
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       const int idx = lane + 32 * i, t = idx / (D / 8), d = 8 * (idx % (D / 8));
-      const bool ok = t0 + t < res_len;
-      kx[i] = ok ? __ldg(reinterpret_cast<const uint4*>(kr + static_cast<int64_t>(t0 + t) * p.kr_st + d)) : make_uint4(0u, 0u, 0u, 0u);
-      vx[i] = ok ? __ldg(reinterpret_cast<const uint4*>(vr + static_cast<int64_t>(t0 + t) * p.vr_st + d)) : make_uint4(0u, 0u, 0u, 0u);
+      x[i] = t0 + t < res_len ? __ldg(reinterpret_cast<const uint4*>(kr + static_cast<int64_t>(t0 + t) * p.kr_st + d))
+                              : make_uint4(0u, 0u, 0u, 0u);
     }
     __syncwarp();  // the previous step's reads of kb / vt are done
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       const int idx = lane + 32 * i, t = idx / (D / 8), d = 8 * (idx % (D / 8));
-      *reinterpret_cast<uint4*>(&kb[t][d]) = to_half8<T>(kx[i]);
-      const uint4 v8 = to_half8<T>(vx[i]);
+      *reinterpret_cast<uint4*>(&kb[t][d]) = to_half8<T>(x[i]);
+      x[i] = t0 + t < res_len ? __ldg(reinterpret_cast<const uint4*>(vr + static_cast<int64_t>(t0 + t) * p.vr_st + d))
+                              : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int idx = lane + 32 * i, t = idx / (D / 8), d = 8 * (idx % (D / 8));
+      const uint4 v8 = to_half8<T>(x[i]);
       const __half* vh = reinterpret_cast<const __half*>(&v8);
 #pragma unroll
       for (int j = 0; j < 8; ++j) vt[d + j][t] = vh[j];

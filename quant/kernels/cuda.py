@@ -89,8 +89,8 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
     reads codes in the "frag" order (what pack_kv writes); a cache in the natural order is converted first
     (correct but slow). min_blocks: CTAs per SM the build's register budget allows with up to 8 query rows
-    per KV head (a specialization); waves: split-KV plan size in units of the device's resident CTAs
-    (SMs * min_blocks), default 1 below 32 (batch x KV heads), else 2 (measured: quant/kernels/NOTES.md).
+    per KV head (a specialization); waves: force a split-KV plan of that many waves of the device's resident
+    CTAs (SMs * min_blocks) instead of `plan_splits`.
     """
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
         raise ValueError("the CUDA kernels rotate with the Sylvester Hadamard; this cache uses another "
@@ -101,8 +101,11 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
                          "tensor-core tile: use backend='triton' or fewer speculative tokens")
     if split_tokens is None:
         slots = num_sms(query.device) * min_blocks
-        waves = waves if waves is not None else (1.0 if x.batch * x.kv_heads < 32 else 2.0)
-        split_tokens, splits = choose_split(x.tokens, x.batch * x.kv_heads, 128, slots, waves)
+        rows = x.batch * x.kv_heads
+        if waves is not None:
+            split_tokens, splits = choose_split(x.tokens, rows, 128, slots, waves)
+        else:
+            split_tokens, splits = plan_splits(x.tokens, rows, slots)
         while splits + 1 > 1024:  # the merge's limit
             split_tokens *= 2
             splits = -(-x.tokens // split_tokens)
@@ -115,6 +118,24 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
                      _counters(query.device, x.batch * x.kv_heads), x.tokens, splits, split_tokens, float(scaling),
                      kv.hadamard is not None)
     return out.to(query.dtype)
+
+
+def plan_splits(tokens: int, rows: int, slots: int, block: int = 128, most: int = 8) -> tuple[int, int]:
+    """Split-KV plan for the CUDA kernel: (split_tokens, num_splits). One CTA per (split, row), the window
+    folded into one of them, so the grid is rows * splits CTAs over `slots` resident ones. Up to one wave:
+    fill it exactly (splits = slots // rows); beyond: the splits (<= `most`) whose CTAs fill the waves they
+    need best (ties: fewer splits), e.g. 512 rows on 396 slots -> 3 splits (3.9 of 4 waves busy)."""
+    if tokens == 0:
+        return block, 0
+    if rows <= slots:
+        want = slots // rows
+    else:
+        def busy(s):
+            ctas = rows * s
+            return ctas / (-(-ctas // slots) * slots)
+        want = max(range(1, most + 1), key=lambda s: (round(busy(s), 3), -s))
+    split = max(block, -(-tokens // (want * block)) * block)
+    return split, -(-tokens // split)
 
 
 def _aligned(t: torch.Tensor) -> bool:
