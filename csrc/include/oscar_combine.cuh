@@ -36,7 +36,7 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
     const int r = it / (D / 4), d4 = it % (D / 4);
     const float m = stat[r];
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
+#pragma unroll 16  // independent loads in flight: this loop is on the critical path of a batch-1 step
     for (int s = part_id; s < splits - 1; s += parts) {
       const float a = exp2f(__ldcg(ml + (base + s) * 2 * rows + r) - m);
       const float4 x = __ldcg(reinterpret_cast<const float4*>(p.part_o + ((base + s) * rows + r) * D) + d4);
