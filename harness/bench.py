@@ -261,10 +261,8 @@ def make_cache(kind: str, cfg, batch: int, ctx: int, steps: int, backend: str | 
 def _sdpa_order():
     from torch.nn.attention import SDPBackend
 
-    # BF16 layers go through SDPA, flash first: on the H100 (run 12, quant/kernels/NOTES.md) a CUDA graph
-    # captured with cuDNN first replayed slower than the eager step (133 vs 91 ms at 1 x 128K), i.e. it
-    # captured another path; flash is graph-safe and within 7% of cuDNN in the kernel table.
-    return [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    # BF16 layers go through SDPA: prefer cuDNN, then flash (the fastest BF16 decodes, KERNELS.md).
+    return [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def decode_step_ms(model, cache, batch: int, steps: int) -> tuple[float, float | str]:

@@ -84,3 +84,17 @@ def test_left_padded_batches_stay_on_the_masked_reference_path(monkeypatch):
                                        do_sample=False, pad_token_id=0)
     assert torch.equal(outs["torch"], outs["triton"])
     model.set_attn_implementation("sdpa")
+
+
+def test_decode_mask_is_none_only_for_unpadded_single_token_steps():
+    # One new token per sequence and no padding: no mask (also while a CUDA graph is captured, where
+    # sdpa_mask cannot inspect its inputs and would materialize one); anything else: sdpa_mask's answer.
+    from transformers.masking_utils import sdpa_mask
+
+    assert hf_decode.decode_mask(2, 1, 40) is None
+    pad = torch.ones(2, 40, dtype=torch.bool)
+    pad[0, :3] = False
+    got, want = hf_decode.decode_mask(2, 1, 40, attention_mask=pad), sdpa_mask(2, 1, 40, attention_mask=pad)
+    assert got is not None and torch.equal(got, want)
+    got, want = hf_decode.decode_mask(1, 5, 40, q_offset=35), sdpa_mask(1, 5, 40, q_offset=35)
+    assert (got is None and want is None) or torch.equal(got, want)

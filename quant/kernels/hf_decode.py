@@ -229,12 +229,24 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
                                   is_causal=query.shape[2] > 1, **kwargs)
 
 
+def decode_mask(batch_size: int, q_length: int, kv_length: int, *args, attention_mask=None, **kwargs):
+    """sdpa_mask, except None for one new token per sequence without a padding mask: that token sees every
+    cached token, so the mask is all true. (sdpa_mask drops such masks itself when it can inspect them, but
+    not while a CUDA graph is being captured: the captured BF16 step then ran SDPA with a materialized mask,
+    a slower kernel, and replayed slower than the eager step; quant/kernels/NOTES.md run 12.)"""
+    from transformers.masking_utils import sdpa_mask
+
+    if q_length == 1 and attention_mask is None:
+        return None
+    return sdpa_mask(batch_size, q_length, kv_length, *args, attention_mask=attention_mask, **kwargs)
+
+
 def register(name: str = "oscar_packed") -> str:
     """Register `packed_attention` with transformers; load a model with attn_implementation=name."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(name, packed_attention)
     # Without a mask function of its own the mask is silently None and left padding breaks on prefill.
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, decode_mask)
     return name
