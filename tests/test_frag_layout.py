@@ -1,8 +1,8 @@
 """The "frag" code order (quant/packed.py) against the tensor-core fragment reads of the CUDA decode kernel.
 
 The kernel (csrc/include/oscar_decode.cuh) never unpacks codes to the natural layout: lane L = 4 g + c loads
-its words and turns pair slot s of word w into an fp16 pair (4 + code_lo, 4 + code_hi) by moving the pair into
-an fp16 mantissa (offset 4 or 16 by slot parity). This test replays those reads on the CPU, lane by lane, with the PTX
+its words and turns pair slot s of word w into an fp16 pair (B + code_lo, B + code_hi) by moving the pair into
+an fp16 mantissa (offset B = 64, 16 or 4 by slot). This test replays those reads on the CPU, lane by lane, with the PTX
 m16n8k16 fragment layouts, and checks that the matrices they build are the natural K (token rows) and V^T
 (channel rows) of the block, and that the same token map serves norms, value scales and P^T.
 """
@@ -19,15 +19,38 @@ def lane_words(words: torch.Tensor, lane: int, per_lane: int) -> list[int]:
     return [int(words[4 * (32 * (w // 4) + lane) + w % 4]) & 0xFFFFFFFF for w in range(per_lane)]
 
 
-def dequant_pair(word: int, slot: int) -> tuple[float, float]:
-    """The kernel's shift + LOP3 (csrc/include/oscar_common.cuh dequant_slot), minus the offset B: even slots go
-    to bits 8-9 / 24-25 of fp16 4.0, odd slots to bits 6-7 / 22-23 of fp16 16.0."""
-    shift = 2 * (slot - (3 if slot & 1 else 4))
+def slot_shift(d: int, slot: int) -> int:
+    """The kernel's right shift of pair slot `slot` (negative: left), csrc/include/oscar_common.cuh SlotMap: even
+    slots land on mantissa bit 8 (offset 4), odd ones on bit 6 (offset 16), for both head dims."""
+    return 2 * slot - (6 if slot & 1 else 8)
+
+
+def slot_base(d: int, slot: int) -> float:
+    """The fp16 offset B the field of `slot` lands in: mantissa bit p weighs 1 in 2^(10 - p)."""
+    return float(2 ** (10 - (2 * slot - slot_shift(d, slot))))
+
+
+def dequant_pair(word: int, slot: int, d: int) -> tuple[float, float]:
+    """The kernel's shift + ONE LOP3 (dequant_slot<D, S>) minus the offset B: fields S, S + 8 (bits 2S, 16 + 2S)
+    moved to mantissa bit p (4, 6 or 8) of each half and OR-ed into fp16 B = 64, 16 or 4."""
+    shift = slot_shift(d, slot)
     x = (word >> shift) if shift >= 0 else (word << -shift) & 0xFFFFFFFF
-    mask, base, offset = (0x00C000C0, 0x4C004C00, 16.0) if slot & 1 else (0x03000300, 0x44004400, 4.0)
-    x = (x & mask) | base
+    pos = 2 * slot - shift
+    assert pos in (4, 6, 8)
+    base = {4: 0x5400, 6: 0x4C00, 8: 0x4400}[pos]
+    x = (x & (0x00030003 << pos)) | (base | base << 16)
     halves = torch.tensor([x & 0xFFFF, x >> 16], dtype=torch.int32).to(torch.int16).view(torch.float16)
+    offset = slot_base(d, slot)
+    assert float(torch.tensor(base, dtype=torch.int32).to(torch.int16).view(torch.float16)) == offset
     return float(halves[0]) - offset, float(halves[1]) - offset
+
+
+def test_slot_offsets():
+    # 4 distinct shifts per word, offsets 4 and 16 by slot parity (small offsets keep the tensor-core sums of
+    # B * sum(q s) accurate), so a D = 64 k-step, which mixes slots S and S + 4, has one offset.
+    for d in (64, 128):
+        assert len({slot_shift(d, s) for s in range(8)} - {0}) == 4
+        assert [slot_base(d, s) for s in range(8)] == [4.0, 16.0] * 4
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -44,10 +67,10 @@ def test_key_fragments_are_the_block(d):
             for ks in range(per_lane):
                 for r in range(4):
                     f = (4 * mt + r) * per_lane + ks
-                    lo, hi = dequant_pair(mine[f // 8], f % 8)
+                    lo, hi = dequant_pair(mine[f // 8], f % 8, d)
                     row, k = g + 8 * (r & 1), 2 * c + 8 * (r >> 1)
                     a[mt, ks, row, k], a[mt, ks, row, k + 1] = lo, hi
-                    assert f % 2 == ks % 2  # the slot parity (offset B) is fixed per k-step
+                    assert slot_base(d, f % 8) == slot_base(d, ks)  # the offset B is fixed per k-step
     natural = codes[0, 0].float()
     for mt in range(2):
         for ks in range(per_lane):
@@ -76,9 +99,9 @@ def test_value_fragments_are_the_block(d):
             for mv in range(per_lane):
                 for r in range(4):
                     f = (4 * kt + r) * per_lane + mv
-                    lo, hi = dequant_pair(mine[f // 8], f % 8)
+                    lo, hi = dequant_pair(mine[f // 8], f % 8, d)
                     ch, k = 16 * mv + g + 8 * (r & 1), 2 * c + 8 * (r >> 1)
-                    assert f % 2 == mv % 2  # the slot parity (offset B) is fixed per channel tile
+                    assert slot_base(d, f % 8) == slot_base(d, mv)  # the offset B is fixed per channel tile
                     assert (lo, hi) == (natural[frag_token(kt, k), ch], natural[frag_token(kt, k + 1), ch])
 
 

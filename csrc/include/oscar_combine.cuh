@@ -5,16 +5,17 @@
 namespace oscar {
 
 // Last CTA of (b, kv head): M = max_s m_s, w_s = 2^(m_s - M), L = sum_s w_s l_s; O_q = sum over quantized
-// splits of w_s o_s (rotated basis), O_r = w_res o_res; out = (fwht(O_q) / sqrt(D) + O_r) / L. Threads take
-// (row, 4 channels) and, when there are few rows, a share of the splits (parts), summed in shared memory.
+// splits of w_s o_s (rotated basis), O_r = w_res o_res; out = (fwht(O_q) / sqrt(D) + O_r) / L. A thread takes
+// 8 channels of a row (16-byte loads); with few rows, `parts` threads share an item's splits (summed in shared
+// memory). The rotation back runs in registers (fwht_lanes) and each thread writes its 8 outputs at once.
 template <int D, int NT, typename T>
 __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, NT>& sm) {
+  constexpr int kPerRow = D / 8, kSlots = kThreads / kPerRow;  // threads per row, rows per pass
   const int rows = p.group * p.lq, splits = p.num_splits + 1;
   const int64_t base = bh * splits;
   const float* ml = p.part_ml;
-  float* oq = &sm.acc[0][0][0];          // [rows][D]: the quantized sum (then rotated back)
-  float* part = &sm.acc[1][0][0];        // [parts][rows][D] partial sums
-  float* stat = &sm.m[0][0];             // [rows]: M, then [kRows + r]: L
+  float* part = &sm.acc[0][0][0];  // [parts][rows][D] partial sums
+  float* stat = &sm.m[0][0];       // [rows]: M, then [kRows + r]: L
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int r = warp; r < rows; r += kWarps) {
     float m = -INFINITY;
@@ -29,38 +30,50 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
     if (lane == 0) stat[r] = m, stat[DecodeSmem<D, NT>::kRows + r] = l;
   }
   __syncthreads();
-  const int items = rows * (D / 4);
-  const int parts = max(1, min(kThreads / items, 8));
-  const int item = threadIdx.x % items, part_id = threadIdx.x / items;
-  for (int it = item; it < items && part_id < parts; it += kThreads) {
-    const int r = it / (D / 4), d4 = it % (D / 4);
+  const int parts = rows >= kSlots ? 1 : kSlots / rows, per_pass = kSlots / parts;
+  const int chunk = threadIdx.x % kPerRow, slot = threadIdx.x / kPerRow;
+  const int part_id = slot / per_pass;
+  for (int r = slot % per_pass; r < rows && part_id < parts; r += per_pass) {
     const float m = stat[r];
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16  // independent loads in flight: this loop is on the critical path of a batch-1 step
+    float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8  // independent loads in flight: this loop is on the critical path of a batch-1 step
     for (int s = part_id; s < splits - 1; s += parts) {
       const float a = exp2f(__ldcg(ml + (base + s) * 2 * rows + r) - m);
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(p.part_o + ((base + s) * rows + r) * D) + d4);
-      o.x += a * x.x, o.y += a * x.y, o.z += a * x.z, o.w += a * x.w;
+      const float4* src = reinterpret_cast<const float4*>(p.part_o + ((base + s) * rows + r) * D) + 2 * chunk;
+      const float4 x0 = __ldcg(src), x1 = __ldcg(src + 1);
+      o[0] += a * x0.x, o[1] += a * x0.y, o[2] += a * x0.z, o[3] += a * x0.w;
+      o[4] += a * x1.x, o[5] += a * x1.y, o[6] += a * x1.z, o[7] += a * x1.w;
     }
-    reinterpret_cast<float4*>(part + (part_id * rows + r) * D)[d4] = o;
+    float4* dst = reinterpret_cast<float4*>(part + (part_id * rows + r) * D) + 2 * chunk;
+    dst[0] = make_float4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_float4(o[4], o[5], o[6], o[7]);
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < rows * D; idx += kThreads) {
-    float sum = 0.f;
-    for (int k = 0; k < parts; ++k) sum += part[k * rows * D + idx];
-    oq[idx] = sum;
-  }
-  if (p.rotate) fwht_rows<D>(oq, rows, D);  // starts and ends with a barrier
-  else __syncthreads();
   const float inv = p.rotate ? rsqrtf(static_cast<float>(D)) : 1.f;
   const int b = static_cast<int>(bh / p.kv_heads), h = static_cast<int>(bh % p.kv_heads);
-  for (int idx = threadIdx.x; idx < rows * D; idx += kThreads) {
-    const int r = idx / D, d = idx % D;
-    const float w_res = exp2f(__ldcg(ml + (base + splits - 1) * 2 * rows + r) - stat[r]);
-    const float o_r = w_res * __ldcg(p.part_o + ((base + splits - 1) * rows + r) * D + d);
-    const int64_t head = static_cast<int64_t>(b) * p.kv_heads * p.group + h * p.group + r % p.group;
-    static_cast<T*>(p.out)[(head * p.lq + r / p.group) * D + d] =
-        from_float<T>((oq[idx] * inv + o_r) / stat[DecodeSmem<D, NT>::kRows + r]);
+  for (int r0 = 0; r0 < rows; r0 += kSlots) {  // uniform trip count: every lane of a row takes part in the shuffles
+    const int r = r0 + slot;
+    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (r < rows)
+      for (int k = 0; k < parts; ++k) {
+        const float4* src = reinterpret_cast<const float4*>(part + (k * rows + r) * D) + 2 * chunk;
+        const float4 x0 = src[0], x1 = src[1];
+        x[0] += x0.x, x[1] += x0.y, x[2] += x0.z, x[3] += x0.w, x[4] += x1.x, x[5] += x1.y, x[6] += x1.z, x[7] += x1.w;
+      }
+    if (p.rotate) fwht_lanes<D>(x);
+    if (r < rows) {
+      const float w_res = exp2f(__ldcg(ml + (base + splits - 1) * 2 * rows + r) - stat[r]);
+      const float inv_l = 1.f / stat[DecodeSmem<D, NT>::kRows + r];
+      const float4* src = reinterpret_cast<const float4*>(p.part_o + ((base + splits - 1) * rows + r) * D) + 2 * chunk;
+      const float4 r0v = __ldcg(src), r1v = __ldcg(src + 1);
+      const float o_r[8] = {r0v.x, r0v.y, r0v.z, r0v.w, r1v.x, r1v.y, r1v.z, r1v.w};
+      T y[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) y[i] = from_float<T>((x[i] * inv + w_res * o_r[i]) * inv_l);
+      const int64_t head = static_cast<int64_t>(b) * p.kv_heads * p.group + h * p.group + r % p.group;
+      *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + (head * p.lq + r / p.group) * D + 8 * chunk) =
+          *reinterpret_cast<const uint4*>(y);
+    }
   }
 }
 
@@ -77,6 +90,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   int arrivals = 0;
   uint32_t qf[D / 16][NT][2];
   WarpState<D, NT> w;
+  trace_stamp(p, 0);
   if (split == gridDim.x - 1) {
     query_fragments<D, NT, T>(p, b, h, false, sm.q, qf);
     init_state<D, NT>(w);
@@ -86,10 +100,12 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
     ++arrivals;
   }
   if (split < p.num_splits) {
-    query_fragments<D, NT, T>(p, b, h, p.rotate, sm.q, qf);  // its barriers also end write_partial's reads
+    query_fragments<D, NT, T>(p, b, h, p.rotate, sm.q, qf);  // its barrier also ends write_partial's reads
+    trace_stamp(p, 1);
     init_state<D, NT>(w);
     quantized_part<D, NT>(p, b, bh, split, qf, w, sm.stage[warp]);
     finish_state<D, NT>(w);
+    trace_stamp(p, 2);
     write_partial<D, NT>(p, bh, split, w, sm);
     ++arrivals;
   }
@@ -97,10 +113,12 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   __syncthreads();
   if (threadIdx.x == 0) sm.last = atomicAdd(p.counters + bh, arrivals) + arrivals == p.num_splits + 1;
   __syncthreads();
+  trace_stamp(p, 3);
   if (!sm.last) return;
   __threadfence();
   combine_splits<D, NT, T>(p, bh, sm);
   if (threadIdx.x == 0) p.counters[bh] = 0;  // ready for the next call
+  trace_stamp(p, 4);
 }
 
 template <int D, int NT, typename T>

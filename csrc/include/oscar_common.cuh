@@ -40,34 +40,56 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
-// Pair slot S of a frag-order word (fields S and S + 8) as an fp16 pair (B + lo, B + hi): even slots are
-// moved to bits 8-9 / 24-25 and OR-ed into fp16 4.0 (mantissa bits 8-9 weigh 1 there: B = 4), odd slots to
-// bits 6-7 / 22-23 and OR-ed into 16.0 (bits 6-7 weigh 1: B = 16). So a word needs 4 shifts (<< 8, << 4, >> 4,
-// >> 8; slots 3 and 4 need none) and 8 LOP3s for its 16 codes. The offset B is folded into the biases.
-template <int S>
+// Pair slot S of a frag-order word (fields S and S + 8: bits 2S and 16 + 2S) as an fp16 pair (B + lo, B + hi):
+// the word is shifted so the field lands on mantissa bit p of each half, then ONE LOP3 ORs it into fp16
+// B = 2^(10 - p), where bit p weighs 1: even slots go to p = 8 (B = 4), odd slots to p = 6 (B = 16), so a word
+// needs 4 shifts (<< 8, << 4, >> 4, >> 8; slots 3 and 4 none) and 8 LOP3s for its 16 codes, and B depends on
+// the slot's parity only (a D = 64 k-step mixes slots S and S + 4). The offset B is folded into the biases
+// (slot_base). Larger offsets would save shifts (fields at p = 4, B = 64: 2 shifts per word for D = 128) but
+// cost accuracy: the tensor cores' fp32 sums lose the low bits of B * sum(q s) - measured in NOTES.md, run 15.
+template <int D>
+struct SlotMap {
+  // Shift right by shift(s) (negative: left); the field then sits at bit pos(s).
+  __host__ __device__ static constexpr int shift(int s) { return 2 * s - pos(s); }
+  __host__ __device__ static constexpr int pos(int s) { return (s & 1) ? 6 : 8; }
+};
+
+// The offset B of pair slot s for head dim D (64, 16 or 4).
+template <int D>
+__host__ __device__ constexpr float slot_base(int s) {
+  return static_cast<float>(1 << (10 - SlotMap<D>::pos(s)));
+}
+
+// -B of slot s as an fp16 pair.
+template <int D>
+__host__ __device__ constexpr uint32_t neg_slot_base_pair(int s) {
+  return SlotMap<D>::pos(s) == 4 ? 0xD400D400u : SlotMap<D>::pos(s) == 6 ? 0xCC00CC00u : 0xC400C400u;
+}
+
+template <int D, int S>
 __device__ __forceinline__ uint32_t dequant_slot(uint32_t w) {
-  constexpr int kShift = 2 * (S - ((S & 1) ? 3 : 4));
+  constexpr int kShift = SlotMap<D>::shift(S), kPos = SlotMap<D>::pos(S);
+  static_assert(kPos == 4 || kPos == 6 || kPos == 8, "field outside the fp16 mantissa");
   const uint32_t x = kShift >= 0 ? (w >> kShift) : (w << -kShift);
-  constexpr uint32_t kMask = (S & 1) ? 0x00C000C0u : 0x03000300u, kBase = (S & 1) ? 0x4C004C00u : 0x44004400u;
+  constexpr uint32_t kMask = 0x00030003u << kPos;
+  constexpr uint32_t kBase = kPos == 4 ? 0x54005400u : kPos == 6 ? 0x4C004C00u : 0x44004400u;  // 64, 16, 4
   uint32_t y;  // (x & mask) | base as ONE LOP3 (0xEA): left to itself the compiler emits two (two immediates)
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(y) : "r"(x), "r"(kMask), "r"(kBase));
   return y;
 }
 
-// The offset B of slot s (4 or 16).
-__host__ __device__ constexpr float slot_base(int s) { return (s & 1) ? 16.f : 4.f; }
-
 // dequant_slot with the slot known after unrolling (the switch folds away).
+template <int D>
 __device__ __forceinline__ uint32_t dequant_pair(uint32_t w, int s) {
   switch (s) {
-    case 0: return dequant_slot<0>(w);
-    case 1: return dequant_slot<1>(w);
-    case 2: return dequant_slot<2>(w);
-    case 3: return dequant_slot<3>(w);
-    case 4: return dequant_slot<4>(w);
-    case 5: return dequant_slot<5>(w);
-    case 6: return dequant_slot<6>(w);
-    default: return dequant_slot<7>(w);
+    case 0: return dequant_slot<D, 0>(w);
+    case 1: return dequant_slot<D, 1>(w);
+    case 2: return dequant_slot<D, 2>(w);
+    case 3: return dequant_slot<D, 3>(w);
+    case 4: return dequant_slot<D, 4>(w);
+    case 5: return dequant_slot<D, 5>(w);
+    case 6: return dequant_slot<D, 6>(w);
+    default: return dequant_slot<D, 7>(w);
   }
 }
 
@@ -138,6 +160,31 @@ __device__ void fwht_rows(float* x, int rows, int ld) {
     }
   }
   __syncthreads();
+}
+
+// Natural-order Walsh-Hadamard transform (unnormalized) of one row of D floats held by D / 8 consecutive lanes,
+// 8 consecutive elements each (lane j of the row: elements 8 j .. 8 j + 7): 3 butterfly stages in registers,
+// log2(D / 8) across lanes with shuffles. No shared memory, no barrier.
+template <int D>
+__device__ __forceinline__ void fwht_lanes(float (&x)[8]) {
+#pragma unroll
+  for (int h = 1; h < 8; h <<= 1)
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (!(i & h)) {
+        const float a = x[i], b = x[i + h];
+        x[i] = a + b, x[i + h] = a - b;
+      }
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 1; m < D / 8; m <<= 1) {
+    const bool hi = lane & m;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float y = __shfl_xor_sync(0xffffffffu, x[i], m);
+      x[i] = hi ? y - x[i] : x[i] + y;
+    }
+  }
 }
 
 }  // namespace oscar

@@ -7,7 +7,7 @@
 // GQA heads x query tokens sit in N = 8 columns (NT tiles of 8):
 //   S^T = K_hat Q^T     (A = key codes straight from shared memory, k = channels; B = Q scaled per channel)
 //   O^T += V_hat^T P^T  (A = value codes, k = tokens; B = P scaled per token, moved into place by movmatrix)
-// Codes enter as fp16 (B + code), B = 4 or 16 by pair slot (dequant_slot), so the scales multiply the B
+// Codes enter as fp16 (B + code), B = 64, 16 or 4 by pair slot (dequant_slot), so the scales multiply the B
 // operands (Q by the key scale, P by the value scale) and the zeros become biases: per group and k-step
 // sum_d q_d z_d - B sum_d q_d s_d for the scores (two MMAs with a constant A, exact in fp32), and per
 // channel group Y = sum_t s_t p_t, Z = sum_t z_t p_t for the values (one MMA: A rows are the value scales
@@ -40,7 +40,23 @@ struct DecodeParams {
   int kv_heads, group, lq, tokens, num_splits, split_tokens;
   float scale_log2;  // scaling * log2(e)
   bool rotate;       // Hd is the Sylvester Hadamard (else identity)
+  unsigned long long* trace;  // diagnostics, usually null: per CTA [5] %globaltimer stamps + SM id (kTraceSlots)
 };
+
+constexpr int kTraceSlots = 8;
+
+__device__ __forceinline__ void trace_stamp(const DecodeParams& p, int slot) {
+  if (p.trace == nullptr || threadIdx.x != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  const int64_t cta = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  p.trace[cta * kTraceSlots + slot] = t;
+  if (slot == 0) {
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    p.trace[cta * kTraceSlots + kTraceSlots - 1] = sm;
+  }
+}
 
 // One 32-token group in shared memory, byte offsets (the same bytes as in global memory, region by region).
 template <int D>
@@ -58,8 +74,6 @@ struct WarpState {
 
 constexpr float kNegInit = -1.0e30f;  // finite: fully masked tiles give exp2(-inf) = 0, never NaN
 constexpr uint32_t kOnes = 0x3C003C00u;      // fp16 (1, 1)
-constexpr uint32_t kMinus4 = 0xC400C400u;    // fp16 (-4, -4)
-constexpr uint32_t kMinus16 = 0xCC00CC00u;   // fp16 (-16, -16)
 
 template <int D, int NT>
 __device__ __forceinline__ void init_state(WarpState<D, NT>& w) {
@@ -146,7 +160,6 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
 #pragma unroll
     for (int e = 0; e < 4; ++e) sc[0][nt][e] = sc[1][nt][e] = bias[0][nt][e] = bias[1][nt][e] = 0.f;
   const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
-  const uint32_t minus_b[2][4] = {{kMinus4, kMinus4, kMinus4, kMinus4}, {kMinus16, kMinus16, kMinus16, kMinus16}};
 #pragma unroll
   for (int i = 0; i < KS / 2; ++i) {  // channel chunk 4 i + c: k-steps 2 i, 2 i + 1
     const uint4 s4 = *reinterpret_cast<const uint4*>(st + L::kKS + 16 * (4 * i + c));
@@ -156,8 +169,10 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
     for (int kk = 0; kk < 2; ++kk) {
       const int ks = 2 * i + kk;
       uint32_t bm[NT][2];
+      // The A fragments of k-step ks hold slots ks (D = 128) or ks and ks + 4 (D = 64): B = slot_base<D>(ks).
+      const uint32_t nb = neg_slot_base_pair<D>(ks), minus_b[4] = {nb, nb, nb, nb};
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {  // slot parity = ks parity (frag_slots), so B = slot_base(ks)
+      for (int nt = 0; nt < NT; ++nt) {
         uint32_t qz[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -165,7 +180,7 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
           qz[e] = as_u32(hmul2u(qf[ks][nt][e], zv[2 * kk + e]));
         }
         mma16816(bias[0][nt], ones, qz[0], qz[1]);
-        mma16816(bias[1][nt], minus_b[ks & 1], bm[nt][0], bm[nt][1]);
+        mma16816(bias[1][nt], minus_b, bm[nt][0], bm[nt][1]);
       }
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
@@ -173,7 +188,7 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int f = (4 * mt + r) * KS + ks;  // compile-time after unrolling
-          a[r] = dequant_pair(kw[f >> 3], f & 7);
+          a[r] = dequant_pair<D>(kw[f >> 3], f & 7);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) mma16816(sc[mt][nt], a, bm[nt][0], bm[nt][1]);
@@ -242,7 +257,7 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int f = (4 * kt + r) * KS + mv;
-          a[r] = dequant_pair(vw[f >> 3], f & 7);
+          a[r] = dequant_pair<D>(vw[f >> 3], f & 7);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) mma16816(w.acc[mv][nt], a, bm[kt][nt][0], bm[kt][nt][1]);
@@ -251,7 +266,7 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
   }
 }
 
-// O = O^T - B Y + Z (the value zeros and the code offset; B = slot_base(mv): 4 even tiles, 16 odd), then l
+// O = O^T - B Y + Z (the value zeros and the code offset; B = slot_base<D>(mv), fixed per channel tile), then l
 // summed over the lanes of each column.
 template <int D, int NT>
 __device__ __forceinline__ void finish_state(WarpState<D, NT>& w) {
@@ -268,9 +283,9 @@ __device__ __forceinline__ void finish_state(WarpState<D, NT>& w) {
         z[hc] = __shfl_sync(0xffffffffu, w.zacc[nt][hc], 4 * (NDG + dg) + c);
       }
 #pragma unroll
-      for (int mh = 0; mh < 2; ++mh)  // mv = 2 dg + mh: slot parity mh (frag_slots)
+      for (int mh = 0; mh < 2; ++mh)  // mv = 2 dg + mh: slots mv (D = 128), mv and mv + 4 (D = 64)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) w.acc[2 * dg + mh][nt][e] += z[e & 1] - slot_base(mh) * y[e & 1];
+        for (int e = 0; e < 4; ++e) w.acc[2 * dg + mh][nt][e] += z[e & 1] - slot_base<D>(2 * dg + mh) * y[e & 1];
     }
 #pragma unroll
     for (int hc = 0; hc < 2; ++hc) {

@@ -171,25 +171,36 @@ __device__ void residual_part(const DecodeParams& p, int b, int h, const uint32_
   }
 }
 
-// Query rows -> shared (rotated by the normalized Hadamard for quantized CTAs) -> fp16 B fragments in the
-// frag channel order (B = Q^T: k = channels frag_channel(ks, .), n = row 8 nt + g).
+// Query rows -> rotated by the normalized Hadamard for quantized CTAs (in registers: each thread loads 8
+// channels of a row with one 16-byte load, fwht_lanes) -> shared -> fp16 B fragments in the frag channel order
+// (B = Q^T: k = channels frag_channel(ks, .), n = row 8 nt + g). One barrier.
 template <int D, int NT, typename T>
 __device__ void query_fragments(const DecodeParams& p, int b, int h, bool rotate, float (*q)[D],
                                 uint32_t (&qf)[D / 16][NT][2]) {
+  constexpr int kPerRow = D / 8, kRowsPerPass = kThreads / kPerRow;
   const int rows = p.group * p.lq;
   const T* qp = static_cast<const T*>(p.q);
-  for (int idx = threadIdx.x; idx < 8 * NT * D; idx += blockDim.x) {
-    const int r = idx / D, d = idx % D;
-    float x = 0.f;
+  const int d0 = 8 * (threadIdx.x % kPerRow);
+#pragma unroll
+  for (int r0 = 0; r0 < 8 * NT; r0 += kRowsPerPass) {
+    const int r = r0 + threadIdx.x / kPerRow;
+    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (r < rows) {
       const int64_t head = static_cast<int64_t>(b) * p.kv_heads * p.group + h * p.group + r % p.group;
-      x = to_float(qp[(head * p.lq + r / p.group) * D + d]);
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(qp + (head * p.lq + r / p.group) * D + d0));
+      const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
     }
-    q[r][d] = x;
+    if (rotate) fwht_lanes<D>(x);  // rows are whole lane groups, so every lane takes part
+    const float inv = rotate ? rsqrtf(static_cast<float>(D)) : 1.f;
+    if (r < 8 * NT) {  // (D = 64: one pass covers 16 rows)
+      float4* dst = reinterpret_cast<float4*>(&q[r][d0]);
+      dst[0] = make_float4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv);
+      dst[1] = make_float4(x[4] * inv, x[5] * inv, x[6] * inv, x[7] * inv);
+    }
   }
-  if (rotate) fwht_rows<D>(&q[0][0], 8 * NT, D);  // starts and ends with a barrier
-  else __syncthreads();
-  const float inv = rotate ? rsqrtf(static_cast<float>(D)) : 1.f;
+  __syncthreads();
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks)
@@ -198,7 +209,7 @@ __device__ void query_fragments(const DecodeParams& p, int b, int h, bool rotate
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int d = frag_channel(ks, 2 * c + 8 * e);
-        qf[ks][nt][e] = pack_half2(q[8 * nt + g][d] * inv, q[8 * nt + g][d + 1] * inv);
+        qf[ks][nt][e] = pack_half2(q[8 * nt + g][d], q[8 * nt + g][d + 1]);
       }
 }
 

@@ -83,14 +83,16 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 
 
 def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None,
-                     split_tokens: int | None = None, min_blocks: int = 3, waves: float | None = None) -> torch.Tensor:
+                     split_tokens: int | None = None, min_blocks: int = 3, waves: float | None = None,
+                     trace: torch.Tensor | None = None) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
     Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
     reads codes in the "frag" order (what pack_kv writes); a cache in the natural order is converted first
     (correct but slow). min_blocks: CTAs per SM the build's register budget allows with up to 8 query rows
     per KV head (a specialization); waves: force a split-KV plan of that many waves of the device's resident
-    CTAs (SMs * min_blocks) instead of `plan_splits`.
+    CTAs (SMs * min_blocks) instead of `plan_splits`. trace (diagnostics): an int64 CUDA tensor of
+    max(splits, 1) * B * Hkv * 8 that receives per-CTA %globaltimer stamps (quant/kernels/sweep_splits.py).
     """
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
         raise ValueError("the CUDA kernels rotate with the Sylvester Hadamard; this cache uses another "
@@ -114,9 +116,11 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     mod = load(x.head_dim, min_blocks=min_blocks)
     if not all(_aligned(r) for r in (x.k_res, x.v_res)):  # the kernel reads the window with 16-byte loads
         x.k_res, x.v_res = x.k_res.contiguous(), x.v_res.contiguous()
+    if x.q.data_ptr() % 16:  # and the query with 16-byte loads
+        x.q = x.q.clone()
     out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
                      _counters(query.device, x.batch * x.kv_heads), x.tokens, splits, split_tokens, float(scaling),
-                     kv.hadamard is not None)
+                     kv.hadamard is not None, _NO_TRACE[query.device] if trace is None else trace)
     return out.to(query.dtype)
 
 
@@ -143,6 +147,15 @@ def _aligned(t: torch.Tensor) -> bool:
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+class _EmptyPerDevice(dict):
+    def __missing__(self, device):
+        self[device] = torch.empty(0, dtype=torch.int64, device=device)
+        return self[device]
+
+
+_NO_TRACE = _EmptyPerDevice()
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:

@@ -1,0 +1,149 @@
+"""Time the CUDA decode kernel alone over split plans (a diagnostic for the split-KV planner).
+
+For each point B x context of a head shape, the decode inputs are prepared once and the raw extension call
+is captured in a CUDA graph; its replay is timed with the L2 flushed before every launch (as in
+`oscar-eval bench`) and back to back (20 launches per graph, L2 warm). Prints a table, writes JSON:
+
+    python3 -m quant.kernels.sweep_splits --points 1x4096,1x131072 --out sweep.json
+
+With --trace, the planned launch also records per-CTA %globaltimer stamps (start, query ready, main loop
+done, partial written and counted, merge done) and the table gets a timeline summary (microseconds from the
+first CTA's start): when CTAs start, how long their phases take, when the merges end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from quant.kernels import cuda, pack_kv
+from quant.kernels.common import num_sms, prepare_decode
+from quant.packed import PackedKV
+from quant.primitives import hadamard
+
+SHAPES = {"qwen3-8b": (32, 8, 128), "llava-7b": (32, 32, 128), "qwen3-omni-thinker": (32, 4, 128)}
+
+
+def inputs(shape: str, batch: int, ctx: int, res_tokens: int = 64):
+    hq, hkv, d = SHAPES[shape]
+    g = torch.Generator(device="cuda").manual_seed(batch * 7 + ctx)
+    q = torch.randn(batch, hq, 1, d, device="cuda", generator=g).to(torch.bfloat16)
+    k = torch.randn(batch, hkv, ctx, d, device="cuda", generator=g).to(torch.bfloat16)
+    v = torch.randn(batch, hkv, ctx, d, device="cuda", generator=g).to(torch.bfloat16)
+    tq = ctx - res_tokens
+    tq -= tq % 128
+    kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda")
+    kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device="cuda"))
+    return q, kv
+
+
+def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    return g
+
+
+def time_plan(q, kv, splits: int | None, min_blocks: int = 3) -> dict:
+    import triton.testing
+
+    x = prepare_decode(q, kv, rotate_query=False, order="frag")
+    if splits is None:
+        split_tokens, splits = cuda.plan_splits(x.tokens, x.batch * x.kv_heads, num_sms(q.device) * min_blocks)
+    else:
+        split_tokens = max(32, -(-x.tokens // (splits * 32)) * 32)
+        splits = -(-x.tokens // split_tokens)
+    mod = cuda.load(x.head_dim, min_blocks=min_blocks)
+    counters = cuda._counters(q.device, x.batch * x.kv_heads)
+
+    def fn():
+        return mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
+                          counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, cuda._NO_TRACE[q.device])
+
+    one, many = graph_of(fn, 1), graph_of(fn, 20)
+    flushed = 1e3 * triton.testing.do_bench(one.replay, warmup=25, rep=200, return_mode="median")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    many.replay()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(10):
+        many.replay()
+    end.record()
+    torch.cuda.synchronize()
+    warm = 1e3 * start.elapsed_time(end) / 200
+    return {"splits": splits, "split_tokens": split_tokens, "ctas": (splits + (splits == 0)) * x.batch * x.kv_heads,
+            "flushed_us": flushed, "warm_us": warm}
+
+
+def trace_plan(q, kv, min_blocks: int = 3) -> dict:
+    """One planned launch with per-CTA stamps; returns the phase summary (us) and the raw stamps."""
+    x = prepare_decode(q, kv, rotate_query=False, order="frag")
+    _, splits = cuda.plan_splits(x.tokens, x.batch * x.kv_heads, num_sms(q.device) * min_blocks)
+    ctas = max(splits, 1) * x.batch * x.kv_heads
+    trace = torch.zeros(ctas * 8, dtype=torch.int64, device=q.device)
+    for _ in range(3):  # warm, then the traced launch is the last
+        trace.zero_()
+        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace)
+    torch.cuda.synchronize()
+    t = trace.view(ctas, 8).cpu().double()
+    t0 = t[:, 0].min()
+    rel = (t[:, :5] - t0) / 1e3  # ns -> us
+    quant = t[:, 1] > 0
+    merged = t[:, 4] > 0
+
+    def pct(v):
+        v = v.sort().values
+        return [round(float(v[int(f * (len(v) - 1))]), 2) for f in (0.0, 0.5, 0.9, 1.0)] if len(v) else []
+
+    return {"ctas": ctas, "splits": splits, "sms_used": int(t[:, 7].unique().numel()),
+            "start_us": pct(rel[:, 0]), "query_us": pct((rel[:, 1] - rel[:, 0])[quant]),
+            "loop_us": pct((rel[:, 2] - rel[:, 1])[quant]), "partial_us": pct((rel[:, 3] - rel[:, 2])[quant]),
+            "cta_end_us": pct(rel[:, 3]), "merge_us": pct((rel[:, 4] - rel[:, 3])[merged]),
+            "end_us": float(torch.maximum(rel[:, 3], rel[:, 4]).max()),
+            "stamps": t.long().tolist() if ctas <= 512 else None}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES))
+    p.add_argument("--points", default="1x4096,1x32768,1x131072,16x32768,64x4096")
+    p.add_argument("--splits", default="1,2,4,8,16,24,32,48,64,96",
+                   help="split counts to try besides the planner's")
+    p.add_argument("--min-blocks", type=int, default=3)
+    p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    rows = []
+    for point in a.points.split(","):
+        b, ctx = (int(v) for v in point.lower().split("x"))
+        q, kv = inputs(a.shape, b, ctx)
+        for s in [None] + [int(v) for v in a.splits.split(",") if v]:
+            if s is not None and s * 128 > ctx * 2:
+                continue
+            r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None, **time_plan(q, kv, s, a.min_blocks)}
+            rows.append(r)
+            print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, {r['ctas']:>5} CTAs)"
+                  f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us  warm {r['warm_us']:8.1f} us",
+                  flush=True)
+        if a.trace:
+            tr = trace_plan(q, kv, a.min_blocks)
+            rows.append({"shape": a.shape, "batch": b, "context": ctx, "trace": tr})
+            print(f"  trace {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, min/median/p90/max): start "
+                  f"{tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} partial {tr['partial_us']} "
+                  f"cta end {tr['cta_end_us']} merge {tr['merge_us']} last end {tr['end_us']:.2f}", flush=True)
+        del q, kv
+        torch.cuda.empty_cache()
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
