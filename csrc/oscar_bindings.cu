@@ -29,7 +29,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                      torch::Tensor vs, torch::Tensor vz, torch::Tensor norms, torch::Tensor k_res,
                      torch::Tensor v_res, torch::Tensor kv_lens, torch::Tensor res_lens, torch::Tensor counters,
                      int64_t tokens,
-                     int64_t num_splits, int64_t split_tokens, double scaling, bool rotate, torch::Tensor trace) {
+                     int64_t num_splits, int64_t split_tokens, double scaling, bool rotate, bool window_cta, torch::Tensor trace) {
   TORCH_CHECK(q.dim() == 4 && q.size(3) == D, "q must be [B, Hq, Lq, ", D, "]");
   const auto dt = q.scalar_type();
   TORCH_CHECK(dt == torch::kHalf || dt == torch::kBFloat16, "q must be fp16 or bf16");
@@ -66,11 +66,11 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                         res_lens.data_ptr<int32_t>(), part_o.data_ptr<float>(), part_ml.data_ptr<float>(),
                         counters.data_ptr<int32_t>(), out.data_ptr(), static_cast<int>(hkv), static_cast<int>(group), static_cast<int>(lq),
                         static_cast<int>(tokens), static_cast<int>(num_splits), static_cast<int>(split_tokens),
-                        static_cast<float>(scaling * 1.4426950408889634), rotate, nullptr};
+                        static_cast<float>(scaling * 1.4426950408889634), rotate, window_cta, nullptr};
   if (trace.numel() > 0) {  // diagnostics: per CTA kTraceSlots u64 (quant/kernels/sweep_splits.py)
     TORCH_CHECK(trace.scalar_type() == torch::kInt64 && trace.is_cuda() && trace.is_contiguous() &&
-                    trace.numel() >= std::max<int64_t>(num_splits, 1) * b * hkv * oscar::kTraceSlots,
-                "trace must be a contiguous int64 CUDA tensor of max(splits, 1) * B * Hkv * ", oscar::kTraceSlots);
+                    trace.numel() >= (num_splits + 1) * b * hkv * oscar::kTraceSlots,
+                "trace must be a contiguous int64 CUDA tensor of (splits + 1) * B * Hkv * ", oscar::kTraceSlots);
     p.trace = reinterpret_cast<unsigned long long*>(trace.data_ptr<int64_t>());
   }
   auto stream = c10::cuda::getCurrentCUDAStream();

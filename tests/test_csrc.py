@@ -39,12 +39,14 @@ def test_specialization_names_are_deterministic():
 
 
 @needs_gpu
+@pytest.mark.parametrize("window_cta", [False, True])  # window folded into the last split's CTA, or its own
 @pytest.mark.parametrize("group,d", [(1, 128), (4, 128), (8, 128), (4, 64)])
-def test_cuda_decode_matches_oracle(group, d):
+def test_cuda_decode_matches_oracle(group, d, window_cta):
     kv = random_packed_kv(3, 2, 640, 77, d, seed=group + d, device="cuda")
     kv_lens, res_lens = [640, 333, 97], [77, 1, 40]
     q = torch.randn(3, 2 * group, 1, d, generator=torch.Generator().manual_seed(d)).to(torch.bfloat16)
-    out = kcuda.decode_attention(q.cuda(), kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=128)
+    out = kcuda.decode_attention(q.cuda(), kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=128,
+                                 window_cta=window_cta)
     assert torch.isfinite(out).all()
     ref = attention_f64(q, kv, d**-0.5, kv_lens, res_lens)
     err, budget = relative_error(out, ref), relative_error(attention_bf16(q, kv, d**-0.5, kv_lens, res_lens), ref)
@@ -113,6 +115,9 @@ def test_split_plan_fills_the_resident_ctas():
     assert plan_splits(32768, 128, 396) == (11008, 3)  # 384 CTAs
     assert plan_splits(4096, 512, 396) == (1408, 3)  # 1536 CTAs = 3.9 of 4 waves
     assert plan_splits(0, 8, 396) == (128, 0)
+    # The window gets its own CTA when a wave holds it beside >= 8 splits per row: batch-1 steps, not batches.
+    assert kcuda.separate_window(8, 396) and kcuda.separate_window(32, 396) and kcuda.separate_window(44, 396)
+    assert not kcuda.separate_window(45, 396) and not kcuda.separate_window(128, 396)
     for tokens, rows in [(4096, 8), (300, 3), (131072, 1), (65536, 40)]:
         split, n = plan_splits(tokens, rows, 396)
         assert split % 128 == 0 and n * split >= tokens and (n - 1) * split < tokens and rows * n <= max(396, rows)

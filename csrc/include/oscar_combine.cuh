@@ -36,7 +36,7 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
   for (int r = slot % per_pass; r < rows && part_id < parts; r += per_pass) {
     const float m = stat[r];
     float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8  // independent loads in flight: this loop is on the critical path of a batch-1 step
+#pragma unroll 4  // loads in flight vs code size (the merge runs from a cold instruction cache)
     for (int s = part_id; s < splits - 1; s += parts) {
       const float a = exp2f(__ldcg(ml + (base + s) * 2 * rows + r) - m);
       const float4* src = reinterpret_cast<const float4*>(p.part_o + ((base + s) * rows + r) * D) + 2 * chunk;
@@ -55,6 +55,7 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
     const int r = r0 + slot;
     float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (r < rows)
+#pragma unroll 1
       for (int k = 0; k < parts; ++k) {
         const float4* src = reinterpret_cast<const float4*>(part + (k * rows + r) * D) + 2 * chunk;
         const float4 x0 = src[0], x1 = src[1];
@@ -77,21 +78,26 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
   }
 }
 
-// Grid (max(num_splits, 1), B * Hkv): CTA x attends to quantized split x; the last CTA of each (b, h) also
-// attends to the full-precision window first (its own partial, slot num_splits), so no CTA sits on a slot
-// with little work. The last CTA to finish merges all partials (threadFenceReduction pattern).
+// Grid (num_splits + 1, B * Hkv) with window_cta: CTA 0 attends to the full-precision window (its partial is
+// slot num_splits), CTA x > 0 to quantized split x - 1. Else grid (max(num_splits, 1), B * Hkv): CTA x attends
+// to split x and the last one also to the window first. The last CTA to finish merges all partials
+// (threadFenceReduction pattern).
 template <int D, int NT, typename T>
 __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   DecodeSmem<D, NT>& sm = *reinterpret_cast<DecodeSmem<D, NT>*>(smem_raw);
-  const int split = blockIdx.x, warp = threadIdx.x >> 5;
+  const int warp = threadIdx.x >> 5;
+  // Window first in its own CTA (its code runs once per step, from a cold instruction cache: ~10 us, in parallel
+  // with the splits) or folded into the last split's CTA (batched steps, where a slot per row is too dear).
+  const bool window = p.window_cta ? blockIdx.x == 0 : blockIdx.x == gridDim.x - 1;
+  const int split = p.window_cta ? static_cast<int>(blockIdx.x) - 1 : static_cast<int>(blockIdx.x);
   const int64_t bh = blockIdx.y;
   const int b = static_cast<int>(bh / p.kv_heads), h = static_cast<int>(bh % p.kv_heads);
   int arrivals = 0;
   uint32_t qf[D / 16][NT][2];
   WarpState<D, NT> w;
   trace_stamp(p, 0);
-  if (split == gridDim.x - 1) {
+  if (window) {
     query_fragments<D, NT, T>(p, b, h, false, sm.q, qf);
     init_state<D, NT>(w);
     residual_part<D, NT, T>(p, b, h, qf, w, sm.res[warp].k, sm.res[warp].vt);
@@ -99,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
     write_partial<D, NT>(p, bh, p.num_splits, w, sm);
     ++arrivals;
   }
-  if (split < p.num_splits) {
+  if (split >= 0 && split < p.num_splits) {
     query_fragments<D, NT, T>(p, b, h, p.rotate, sm.q, qf);  // its barrier also ends write_partial's reads
     trace_stamp(p, 1);
     init_state<D, NT>(w);
@@ -131,7 +137,8 @@ cudaError_t launch_decode_nt(const DecodeParams& p, int batch, cudaStream_t stre
     if (e != cudaSuccess) return e;
     configured = true;
   }
-  decode_split_kernel<D, NT, T><<<dim3(max(p.num_splits, 1), batch * p.kv_heads), kThreads, smem, stream>>>(p);
+  const int ctas = p.window_cta ? p.num_splits + 1 : max(p.num_splits, 1);
+  decode_split_kernel<D, NT, T><<<dim3(ctas, batch * p.kv_heads), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -40,6 +40,8 @@ struct DecodeParams {
   int kv_heads, group, lq, tokens, num_splits, split_tokens;
   float scale_log2;  // scaling * log2(e)
   bool rotate;       // Hd is the Sylvester Hadamard (else identity)
+  bool window_cta;   // the window has its own CTA, blockIdx.x 0 (scheduled first); else it is folded into the
+                     // last split's CTA
   unsigned long long* trace;  // diagnostics, usually null: per CTA [5] %globaltimer stamps + SM id (kTraceSlots)
 };
 

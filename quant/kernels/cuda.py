@@ -84,15 +84,17 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 
 def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None,
                      split_tokens: int | None = None, min_blocks: int = 3, waves: float | None = None,
-                     trace: torch.Tensor | None = None) -> torch.Tensor:
+                     trace: torch.Tensor | None = None, window_cta: bool | None = None) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
     Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
     reads codes in the "frag" order (what pack_kv writes); a cache in the natural order is converted first
     (correct but slow). min_blocks: CTAs per SM the build's register budget allows with up to 8 query rows
     per KV head (a specialization); waves: force a split-KV plan of that many waves of the device's resident
-    CTAs (SMs * min_blocks) instead of `plan_splits`. trace (diagnostics): an int64 CUDA tensor of
-    max(splits, 1) * B * Hkv * 8 that receives per-CTA %globaltimer stamps (quant/kernels/sweep_splits.py).
+    CTAs (SMs * min_blocks) instead of `plan_splits`. window_cta: give the full-precision window its own CTA,
+    scheduled first (default: when one wave holds it beside >= 8 splits per row, see `separate_window`), else
+    it is folded into the last split's CTA. trace (diagnostics): an int64 CUDA tensor of
+    (splits + 1) * B * Hkv * 8 that receives per-CTA %globaltimer stamps (quant/kernels/sweep_splits.py).
     """
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
         raise ValueError("the CUDA kernels rotate with the Sylvester Hadamard; this cache uses another "
@@ -104,6 +106,10 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     if split_tokens is None:
         slots = num_sms(query.device) * min_blocks
         rows = x.batch * x.kv_heads
+        if window_cta is None:
+            window_cta = separate_window(rows, slots)
+        if window_cta:
+            slots = max(slots - rows, rows)
         if waves is not None:
             split_tokens, splits = choose_split(x.tokens, rows, 128, slots, waves)
         else:
@@ -113,6 +119,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
             splits = -(-x.tokens // split_tokens)
     else:
         splits = -(-x.tokens // split_tokens) if x.tokens else 0
+    window_cta = bool(window_cta)
     mod = load(x.head_dim, min_blocks=min_blocks)
     if not all(_aligned(r) for r in (x.k_res, x.v_res)):  # the kernel reads the window with 16-byte loads
         x.k_res, x.v_res = x.k_res.contiguous(), x.v_res.contiguous()
@@ -120,7 +127,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         x.q = x.q.clone()
     out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
                      _counters(query.device, x.batch * x.kv_heads), x.tokens, splits, split_tokens, float(scaling),
-                     kv.hadamard is not None, _NO_TRACE[query.device] if trace is None else trace)
+                     kv.hadamard is not None, window_cta, _NO_TRACE[query.device] if trace is None else trace)
     return out.to(query.dtype)
 
 
@@ -140,6 +147,13 @@ def plan_splits(tokens: int, rows: int, slots: int, block: int = 128, most: int 
         want = max(range(1, most + 1), key=lambda s: (round(busy(s), 3), -s))
     split = max(block, -(-tokens // (want * block)) * block)
     return split, -(-tokens // split)
+
+
+def separate_window(rows: int, slots: int) -> bool:
+    """Whether the window gets its own CTA: its code runs once per step from a cold instruction cache (~10 us,
+    run 16), so off the splits' critical path it is hidden, but it takes a resident slot per row: worth it
+    when one wave holds the window CTAs beside >= 8 splits per row (batch-1 steps), not for batched steps."""
+    return rows * 9 <= slots
 
 
 def _aligned(t: torch.Tensor) -> bool:

@@ -55,8 +55,10 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3) -> dict:
     import triton.testing
 
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
+    slots, rows = num_sms(q.device) * min_blocks, x.batch * x.kv_heads
+    window = cuda.separate_window(rows, slots)
     if splits is None:
-        split_tokens, splits = cuda.plan_splits(x.tokens, x.batch * x.kv_heads, num_sms(q.device) * min_blocks)
+        split_tokens, splits = cuda.plan_splits(x.tokens, rows, slots - rows if window else slots)
     else:
         split_tokens = max(32, -(-x.tokens // (splits * 32)) * 32)
         splits = -(-x.tokens // split_tokens)
@@ -65,7 +67,8 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3) -> dict:
 
     def fn():
         return mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                          counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, cuda._NO_TRACE[q.device])
+                          counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, window,
+                          cuda._NO_TRACE[q.device])
 
     one, many = graph_of(fn, 1), graph_of(fn, 20)
     flushed = 1e3 * triton.testing.do_bench(one.replay, warmup=25, rep=200, return_mode="median")
@@ -78,15 +81,18 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3) -> dict:
     end.record()
     torch.cuda.synchronize()
     warm = 1e3 * start.elapsed_time(end) / 200
-    return {"splits": splits, "split_tokens": split_tokens, "ctas": (splits + (splits == 0)) * x.batch * x.kv_heads,
+    ctas = (splits + 1 if window else max(splits, 1)) * rows
+    return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "ctas": ctas,
             "flushed_us": flushed, "warm_us": warm}
 
 
 def trace_plan(q, kv, min_blocks: int = 3) -> dict:
     """One planned launch with per-CTA stamps; returns the phase summary (us) and the raw stamps."""
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
-    _, splits = cuda.plan_splits(x.tokens, x.batch * x.kv_heads, num_sms(q.device) * min_blocks)
-    ctas = max(splits, 1) * x.batch * x.kv_heads
+    slots, rows = num_sms(q.device) * min_blocks, x.batch * x.kv_heads
+    window = cuda.separate_window(rows, slots)
+    _, splits = cuda.plan_splits(x.tokens, rows, slots - rows if window else slots)
+    ctas = (splits + 1 if window else max(splits, 1)) * rows
     trace = torch.zeros(ctas * 8, dtype=torch.int64, device=q.device)
     for _ in range(3):  # warm, then the traced launch is the last
         trace.zero_()
@@ -102,7 +108,7 @@ def trace_plan(q, kv, min_blocks: int = 3) -> dict:
         v = v.sort().values
         return [round(float(v[int(f * (len(v) - 1))]), 2) for f in (0.0, 0.5, 0.9, 1.0)] if len(v) else []
 
-    return {"ctas": ctas, "splits": splits, "sms_used": int(t[:, 7].unique().numel()),
+    return {"ctas": ctas, "splits": splits, "window_cta": window, "sms_used": int(t[:, 7].unique().numel()),
             "start_us": pct(rel[:, 0]), "query_us": pct((rel[:, 1] - rel[:, 0])[quant]),
             "loop_us": pct((rel[:, 2] - rel[:, 1])[quant]), "partial_us": pct((rel[:, 3] - rel[:, 2])[quant]),
             "cta_end_us": pct(rel[:, 3]), "merge_us": pct((rel[:, 4] - rel[:, 3])[merged]),
