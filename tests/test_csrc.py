@@ -121,3 +121,25 @@ def test_split_plan_fills_the_resident_ctas():
     for tokens, rows in [(4096, 8), (300, 3), (131072, 1), (65536, 40)]:
         split, n = plan_splits(tokens, rows, 396)
         assert split % 128 == 0 and n * split >= tokens and (n - 1) * split < tokens and rows * n <= max(396, rows)
+
+
+def test_trace_summary_phases():
+    # quant/kernels/sweep_splits.py reads the kernel's per-CTA %globaltimer stamps (ns) into phases: three
+    # quantized CTAs and a separate window CTA (no quantized stamps) that arrives last and merges, as in run 17.
+    from quant.kernels.sweep_splits import summarize_trace
+
+    base = 1_000_000
+    rows = [  # start, query ready, loop done, partial counted, merge done, -, -, SM
+        [base, base + 770, base + 2820, base + 4870, 0, 0, 0, 5],
+        [base + 260, base + 1020, base + 3070, base + 5120, 0, 0, 0, 6],
+        [base, base + 770, base + 2560, base + 4860, 0, 0, 0, 7],
+        [base, 0, 0, base + 15_870, base + 21_870, 0, 0, 8],
+    ]
+    s = summarize_trace(torch.tensor(rows, dtype=torch.int64))
+    assert s["sms_used"] == 4
+    assert s["start_us"] == [0.0, 0.0, 0.0, 0.26]
+    assert s["query_us"] == [0.76, 0.77, 0.77, 0.77]
+    assert s["loop_us"][0] == 1.79 and s["loop_us"][-1] == 2.05
+    assert s["window_us"] == [15.87] * 4  # the window CTA alone
+    assert s["merge_us"] == [6.0] * 4 and s["end_us"] == 21.87
+    assert s["cta_end_us"][-1] == 15.87

@@ -98,22 +98,31 @@ def trace_plan(q, kv, min_blocks: int = 3) -> dict:
         trace.zero_()
         cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace)
     torch.cuda.synchronize()
-    t = trace.view(ctas, 8).cpu().double()
+    summary = summarize_trace(trace.view(ctas, 8).cpu())
+    return {"ctas": ctas, "splits": splits, "window_cta": window, **summary,
+            "stamps": trace.view(ctas, 8).cpu().tolist() if ctas <= 512 else None}
+
+
+def summarize_trace(stamps: torch.Tensor) -> dict:
+    """Phase summary of per-CTA stamps [CTAs, 8] (the kernel's trace_stamp: 0 start, 1 query ready, 2 main
+    loop done, 3 partial written and counted, 4 merge done, 7 SM id; 0 = not reached). Each phase as
+    [min, median, p90, max] in us, times from the first CTA's start. CTAs without a quantized split (a
+    separate window CTA) report their whole run under window_us."""
+    t = stamps.double()
     t0 = t[:, 0].min()
     rel = (t[:, :5] - t0) / 1e3  # ns -> us
-    quant = t[:, 1] > 0
-    merged = t[:, 4] > 0
+    quant, merged = t[:, 1] > 0, t[:, 4] > 0
 
     def pct(v):
         v = v.sort().values
         return [round(float(v[int(f * (len(v) - 1))]), 2) for f in (0.0, 0.5, 0.9, 1.0)] if len(v) else []
 
-    return {"ctas": ctas, "splits": splits, "window_cta": window, "sms_used": int(t[:, 7].unique().numel()),
-            "start_us": pct(rel[:, 0]), "query_us": pct((rel[:, 1] - rel[:, 0])[quant]),
-            "loop_us": pct((rel[:, 2] - rel[:, 1])[quant]), "partial_us": pct((rel[:, 3] - rel[:, 2])[quant]),
-            "cta_end_us": pct(rel[:, 3]), "merge_us": pct((rel[:, 4] - rel[:, 3])[merged]),
-            "end_us": float(torch.maximum(rel[:, 3], rel[:, 4]).max()),
-            "stamps": t.long().tolist() if ctas <= 512 else None}
+    ends = torch.where(merged, rel[:, 4], rel[:, 3])
+    return {"sms_used": int(t[:, 7].unique().numel()), "start_us": pct(rel[:, 0]),
+            "query_us": pct((rel[:, 1] - rel[:, 0])[quant]), "loop_us": pct((rel[:, 2] - rel[:, 1])[quant]),
+            "partial_us": pct((rel[:, 3] - rel[:, 2])[quant]),
+            "window_us": pct((rel[:, 3] - rel[:, 0])[~quant]), "cta_end_us": pct(rel[:, 3]),
+            "merge_us": pct((rel[:, 4] - rel[:, 3])[merged]), "end_us": round(float(ends.max()), 2)}
 
 
 def main() -> None:
@@ -142,7 +151,8 @@ def main() -> None:
             tr = trace_plan(q, kv, a.min_blocks)
             rows.append({"shape": a.shape, "batch": b, "context": ctx, "trace": tr})
             print(f"  trace {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, min/median/p90/max): start "
-                  f"{tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} partial {tr['partial_us']} "
+                  f"{tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} partial {tr['partial_us']} window "
+                  f"{tr['window_us']} "
                   f"cta end {tr['cta_end_us']} merge {tr['merge_us']} last end {tr['end_us']:.2f}", flush=True)
         del q, kv
         torch.cuda.empty_cache()
