@@ -38,6 +38,13 @@ def test_specialization_names_are_deterministic():
     assert len({a, kcuda.specialization_name(64, "90a", 2), kcuda.specialization_name(128, "90a", 3)}) == 3
 
 
+def test_experiment_flags_get_their_own_build(monkeypatch):
+    base = kcuda.specialization_name(128, "90a", 3)
+    monkeypatch.setenv("OSCAR_KERNEL_FLAGS", "-DOSCAR_STAGES=5")
+    assert "-DOSCAR_STAGES=5" in kcuda.build_flags(128, "90a", 3)
+    assert kcuda.specialization_name(128, "90a", 3) != base
+
+
 @needs_gpu
 @pytest.mark.parametrize("window_cta", [False, True])  # window folded into the last split's CTA, or its own
 @pytest.mark.parametrize("group,d", [(1, 128), (4, 128), (8, 128), (4, 64)])
@@ -143,3 +150,23 @@ def test_trace_summary_phases():
     assert s["window_us"] == [15.87] * 4  # the window CTA alone
     assert s["merge_us"] == [6.0] * 4 and s["end_us"] == 21.87
     assert s["cta_end_us"][-1] == 15.87
+
+
+def test_e2e_profile_groups_kernels_by_kind():
+    # quant/kernels/profile_e2e.py: CUPTI kernel records of a decode step, grouped per step by kind.
+    from quant.kernels.profile_e2e import kind_of, summarize_kernels
+
+    assert kind_of("void oscar::decode_split_kernel<128, 1, __nv_bfloat16>(oscar::DecodeParams)") == "attention"
+    assert kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
+    assert kind_of("nvjet_hsh_128x64_64x4_1x2_h_bz_NNT") == "gemm"
+    assert kind_of("void oscar::pack_kernel<128, __nv_bfloat16>(oscar::PackParams)") == "pack"
+    assert kind_of("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"
+    events = [("nvjet_a", 30.0), ("nvjet_a", 30.0), ("elementwise_x", 2.0), ("elementwise_x", 2.0),
+              ("oscar::decode_split_kernel", 10.0), ("nvjet_a", 30.0), ("elementwise_x", 2.0)]
+    s = summarize_kernels(events, steps=1)
+    assert s["kernels"] == 7 and s["kernel_us"] == 106.0
+    assert list(s["by_kind"]) == ["gemm", "attention", "other"]
+    assert s["by_kind"]["gemm"] == {"us": 90.0, "kernels": 3} and s["by_kind"]["other"]["kernels"] == 3
+    assert s["top"][0] == {"name": "nvjet_a", "us": 90.0, "count": 3, "kind": "gemm"}
+    half = summarize_kernels(events, steps=2)
+    assert half["kernel_us"] == 53.0 and half["by_kind"]["attention"]["kernels"] == 0.5

@@ -121,3 +121,18 @@ def test_pack_rejects_partial_group():
     k = torch.randn(1, 1, 40, 64)
     with pytest.raises(ValueError, match="multiple of 32 tokens"):
         triton_pack.pack_kv(k, k)
+
+
+def test_default_lengths_are_made_once_and_full():
+    # A step that passes no lengths reads one cached int32 tensor per (device, batch, value), so a captured
+    # decode step is the kernel alone (no fill kernels); its values are the stored token counts.
+    from quant.kernels.common import prepare_decode
+
+    kv = make_cache(2, 1, 64, 5, 64, seed=8)
+    q = torch.randn(2, 2, 1, 64).to(torch.bfloat16).to(DEV)
+    a, b = prepare_decode(q, kv), prepare_decode(q, kv)
+    assert a.kv_lens is b.kv_lens and a.res_lens is b.res_lens
+    assert a.kv_lens.tolist() == [64, 64] and a.res_lens.tolist() == [5, 5]
+    assert a.kv_lens.dtype == torch.int32
+    given = prepare_decode(q, kv, kv_lens=[10, 20])
+    assert given.kv_lens.tolist() == [10, 20] and given.res_lens is a.res_lens

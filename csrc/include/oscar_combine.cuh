@@ -4,73 +4,110 @@
 
 namespace oscar {
 
-// Last CTA of (b, kv head): M = max_s m_s, w_s = 2^(m_s - M), L = sum_s w_s l_s; O_q = sum over quantized
-// splits of w_s o_s (rotated basis), O_r = w_res o_res; out = (fwht(O_q) / sqrt(D) + O_r) / L. A thread takes
-// 8 channels of a row (16-byte loads); with few rows, `parts` threads share an item's splits (summed in shared
-// memory). The rotation back runs in registers (fwht_lanes) and each thread writes its 8 outputs at once.
+// One row's window partial (slot num_splits, natural basis) for the merge: its m, l and 8 channels of o.
+struct WindowPart {
+  float m, l, o[8];
+};
+
+template <int D>
+__device__ __forceinline__ WindowPart load_window_part(const DecodeParams& p, int64_t base, int rows, int r, int chunk) {
+  constexpr int D8 = 8;
+  WindowPart x;
+  const int64_t s = base + p.num_splits;
+  x.m = __ldcg(p.part_ml + s * 2 * rows + r);
+  x.l = __ldcg(p.part_ml + (s * 2 + 1) * rows + r);
+  const float4* src = reinterpret_cast<const float4*>(p.part_o + (s * rows + r) * D) + 2 * chunk;
+  const float4 a = __ldcg(src), b = __ldcg(src + 1);
+  const float o[D8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < D8; ++i) x.o[i] = o[i];
+  return x;
+}
+
+// Last CTA of (b, kv head): out = (fwht(O_q) / sqrt(D) + w_r o_r) / L over the quantized splits' partials (rotated
+// basis) and the window's (natural basis), each weighted 2^(m_s - M). A thread takes 8 channels of a row
+// (16-byte loads); with few rows, `parts` threads share a row item's splits. Each thread merges its splits online
+// in chunks of kChunk whose loads (m, l, 8 channels of o) are all in flight together, so a merge costs
+// splits / (parts kChunk) rounds of L2 latency; the parts are combined through shared memory, the window partial
+// (loaded before the rounds) joins there, and the rotation back runs in registers (fwht_lanes).
 template <int D, int NT, typename T>
 __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, NT>& sm) {
-  constexpr int kPerRow = D / 8, kSlots = kThreads / kPerRow;  // threads per row, rows per pass
-  const int rows = p.group * p.lq, splits = p.num_splits + 1;
-  const int64_t base = bh * splits;
+  constexpr int kPerRow = D / 8, kSlots = kThreads / kPerRow, kChunk = 8;  // threads per row, rows per pass
+  const int rows = p.group * p.lq, quant = p.num_splits;
+  const int64_t base = bh * (p.num_splits + 1);
   const float* ml = p.part_ml;
-  float* part = &sm.acc[0][0][0];  // [parts][rows][D] partial sums
-  float* stat = &sm.m[0][0];       // [rows]: M, then [kRows + r]: L
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int r = warp; r < rows; r += kWarps) {
-    float m = -INFINITY;
-    for (int s = lane; s < splits; s += 32) m = fmaxf(m, __ldcg(ml + (base + s) * 2 * rows + r));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float l = 0.f;
-    for (int s = lane; s < splits; s += 32)
-      l += exp2f(__ldcg(ml + (base + s) * 2 * rows + r) - m) * __ldcg(ml + ((base + s) * 2 + 1) * rows + r);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    if (lane == 0) stat[r] = m, stat[DecodeSmem<D, NT>::kRows + r] = l;
-  }
-  __syncthreads();
-  const int parts = rows >= kSlots ? 1 : kSlots / rows, per_pass = kSlots / parts;
+  float* part_o = &sm.acc[0][0][0];  // [parts][rows][D]
+  float* part_m = &sm.m[0][0];       // [parts][rows]
+  float* part_l = &sm.l[0][0];
   const int chunk = threadIdx.x % kPerRow, slot = threadIdx.x / kPerRow;
-  const int part_id = slot / per_pass;
+  const int parts = rows >= kSlots ? 1 : kSlots / rows, per_pass = kSlots / parts, part_id = slot / per_pass;
+  WindowPart win = {};
+  if (slot < rows) win = load_window_part<D>(p, base, rows, slot, chunk);  // the first pass of the final loop
   for (int r = slot % per_pass; r < rows && part_id < parts; r += per_pass) {
-    const float m = stat[r];
-    float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4  // loads in flight vs code size (the merge runs from a cold instruction cache)
-    for (int s = part_id; s < splits - 1; s += parts) {
-      const float a = exp2f(__ldcg(ml + (base + s) * 2 * rows + r) - m);
-      const float4* src = reinterpret_cast<const float4*>(p.part_o + ((base + s) * rows + r) * D) + 2 * chunk;
-      const float4 x0 = __ldcg(src), x1 = __ldcg(src + 1);
-      o[0] += a * x0.x, o[1] += a * x0.y, o[2] += a * x0.z, o[3] += a * x0.w;
-      o[4] += a * x1.x, o[5] += a * x1.y, o[6] += a * x1.z, o[7] += a * x1.w;
+    float m = kNegInit, l = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int s0 = part_id; s0 < quant; s0 += kChunk * parts) {
+      float ms[kChunk], ls[kChunk];
+      float4 x0[kChunk], x1[kChunk];
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) {
+        const int s = s0 + k * parts;
+        ms[k] = kNegInit, ls[k] = 0.f;
+        x0[k] = x1[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (s < quant) {
+          ms[k] = __ldcg(ml + (base + s) * 2 * rows + r);
+          ls[k] = __ldcg(ml + ((base + s) * 2 + 1) * rows + r);
+          const float4* src = reinterpret_cast<const float4*>(p.part_o + ((base + s) * rows + r) * D) + 2 * chunk;
+          x0[k] = __ldcg(src), x1[k] = __ldcg(src + 1);
+        }
+      }
+      float mc = m;
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) mc = fmaxf(mc, ms[k]);
+      const float a = exp2f(m - mc);
+      l *= a;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] *= a;
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) {
+        const float e = exp2f(ms[k] - mc);
+        l += e * ls[k];
+        o[0] += e * x0[k].x, o[1] += e * x0[k].y, o[2] += e * x0[k].z, o[3] += e * x0[k].w;
+        o[4] += e * x1[k].x, o[5] += e * x1[k].y, o[6] += e * x1[k].z, o[7] += e * x1[k].w;
+      }
+      m = mc;
     }
-    float4* dst = reinterpret_cast<float4*>(part + (part_id * rows + r) * D) + 2 * chunk;
+    float4* dst = reinterpret_cast<float4*>(part_o + (part_id * rows + r) * D) + 2 * chunk;
     dst[0] = make_float4(o[0], o[1], o[2], o[3]);
     dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+    if (chunk == 0) part_m[part_id * rows + r] = m, part_l[part_id * rows + r] = l;
   }
   __syncthreads();
   const float inv = p.rotate ? rsqrtf(static_cast<float>(D)) : 1.f;
   const int b = static_cast<int>(bh / p.kv_heads), h = static_cast<int>(bh % p.kv_heads);
   for (int r0 = 0; r0 < rows; r0 += kSlots) {  // uniform trip count: every lane of a row takes part in the shuffles
     const int r = r0 + slot;
-    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (r < rows)
+    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, big = win.m, l = 0.f;
+    if (r < rows) {
+      if (r0 > 0) win = load_window_part<D>(p, base, rows, r, chunk);
+      big = win.m;
+      for (int k = 0; k < parts; ++k) big = fmaxf(big, part_m[k * rows + r]);
 #pragma unroll 1
       for (int k = 0; k < parts; ++k) {
-        const float4* src = reinterpret_cast<const float4*>(part + (k * rows + r) * D) + 2 * chunk;
+        const float e = exp2f(part_m[k * rows + r] - big);
+        const float4* src = reinterpret_cast<const float4*>(part_o + (k * rows + r) * D) + 2 * chunk;
         const float4 x0 = src[0], x1 = src[1];
-        x[0] += x0.x, x[1] += x0.y, x[2] += x0.z, x[3] += x0.w, x[4] += x1.x, x[5] += x1.y, x[6] += x1.z, x[7] += x1.w;
+        l += e * part_l[k * rows + r];
+        x[0] += e * x0.x, x[1] += e * x0.y, x[2] += e * x0.z, x[3] += e * x0.w;
+        x[4] += e * x1.x, x[5] += e * x1.y, x[6] += e * x1.z, x[7] += e * x1.w;
       }
+    }
     if (p.rotate) fwht_lanes<D>(x);
     if (r < rows) {
-      const float w_res = exp2f(__ldcg(ml + (base + splits - 1) * 2 * rows + r) - stat[r]);
-      const float inv_l = 1.f / stat[DecodeSmem<D, NT>::kRows + r];
-      const float4* src = reinterpret_cast<const float4*>(p.part_o + ((base + splits - 1) * rows + r) * D) + 2 * chunk;
-      const float4 r0v = __ldcg(src), r1v = __ldcg(src + 1);
-      const float o_r[8] = {r0v.x, r0v.y, r0v.z, r0v.w, r1v.x, r1v.y, r1v.z, r1v.w};
+      const float w_res = exp2f(win.m - big);
+      const float inv_l = 1.f / (l + w_res * win.l);
       T y[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) y[i] = from_float<T>((x[i] * inv + w_res * o_r[i]) * inv_l);
+      for (int i = 0; i < 8; ++i) y[i] = from_float<T>((x[i] * inv + w_res * win.o[i]) * inv_l);
       const int64_t head = static_cast<int64_t>(b) * p.kv_heads * p.group + h * p.group + r % p.group;
       *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + (head * p.lq + r / p.group) * D + 8 * chunk) =
           *reinterpret_cast<const uint4*>(y);
@@ -87,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   extern __shared__ __align__(16) unsigned char smem_raw[];
   DecodeSmem<D, NT>& sm = *reinterpret_cast<DecodeSmem<D, NT>*>(smem_raw);
   const int warp = threadIdx.x >> 5;
-  // Window first in its own CTA (its code runs once per step, from a cold instruction cache: ~10 us, in parallel
+  // Window first in its own CTA (its code runs once per step, from a cold instruction cache: 4-13 us, in parallel
   // with the splits) or folded into the last split's CTA (batched steps, where a slot per row is too dear).
   const bool window = p.window_cta ? blockIdx.x == 0 : blockIdx.x == gridDim.x - 1;
   const int split = p.window_cta ? static_cast<int>(blockIdx.x) - 1 : static_cast<int>(blockIdx.x);
@@ -98,9 +135,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   WarpState<D, NT> w;
   trace_stamp(p, 0);
   if (window) {
-    query_fragments<D, NT, T>(p, b, h, false, sm.q, qf);
     init_state<D, NT>(w);
-    residual_part<D, NT, T>(p, b, h, qf, w, sm.res[warp].k, sm.res[warp].vt);
+    residual_part<D, NT, T>(p, b, h, w, sm.res[warp]);
     finish_state<D, NT>(w);
     write_partial<D, NT>(p, bh, p.num_splits, w, sm);
     ++arrivals;

@@ -11,7 +11,10 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kGroup = 32;        // tokens per key scale group = channels per value group
 constexpr int kMaxSplits = 1024;  // split-KV partials per (b, kv head), residual split included
-constexpr int kStages = 4;        // cp.async pipeline depth per warp (32-token groups in flight)
+#ifndef OSCAR_STAGES
+#define OSCAR_STAGES 4  // an experiment's build flag (OSCAR_KERNEL_FLAGS, quant/kernels/cuda.py)
+#endif
+constexpr int kStages = OSCAR_STAGES;  // cp.async pipeline depth per warp (32-token groups in flight)
 
 // D = A(16x16, row) * B(16x8, col) + D; f16 inputs, f32 accumulators (mma.sync, sm_80+).
 // Fragments (g = lane / 4, c = lane % 4): a[0] = (row g, k 2c..2c+1), a[1] = (row g+8, same k),
@@ -25,8 +28,52 @@ __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same product with bf16 inputs (the full-precision window of a bf16 model, read as stored).
+__device__ __forceinline__ void mma16816_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// mma16816 with inputs of type T (__half or __nv_bfloat16).
+template <typename T>
+__device__ __forceinline__ void mma16816_t(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816_t<__half>(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  mma16816(d, a, b0, b1);
+}
+template <>
+__device__ __forceinline__ void mma16816_t<__nv_bfloat16>(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  mma16816_bf16(d, a, b0, b1);
+}
+
+// Four 8x8 b16 matrices from shared memory: lanes 8 j .. 8 j + 7 give the row addresses of matrix j, which
+// lands in r[j] as the standard fragment (lane 4 g + c: row g, columns 2c, 2c + 1); .trans: of its transpose.
+// volatile: kept in order with the cp.async waits and issues around it.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Two floats as a pair of T (__half or __nv_bfloat16), round to nearest.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) { return pack_half2(lo, hi); }
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
@@ -106,6 +153,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+// 16 bytes, or 16 zero bytes when !full (nothing is read then; src must still be a valid address).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool full) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(full ? 16 : 0));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -92,8 +92,9 @@ __device__ __forceinline__ void init_state(WarpState<D, NT>& w) {
   }
 }
 
-// Online softmax over MT score tiles (log2 units, masked); P (fp16) as B fragments of O^T += V^T P^T.
-template <int D, int NT, int MT>
+// Online softmax over MT score tiles (log2 units, masked); P (pairs of PT: fp16, or bf16 for a bf16 window) as
+// B fragments of O^T += V^T P^T.
+template <int D, int NT, int MT, typename PT = __half>
 __device__ __forceinline__ void softmax_to_p(float (&sc)[MT][NT][4], WarpState<D, NT>& w, uint32_t (&pb)[MT][NT][2]) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -129,8 +130,8 @@ __device__ __forceinline__ void softmax_to_p(float (&sc)[MT][NT][4], WarpState<D
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {  // C rows g / g + 8 (tokens) x cols (heads) -> B (k = tokens, n = head)
-      pb[mt][nt][0] = movmatrix_trans(pack_half2(sc[mt][nt][0], sc[mt][nt][1]));
-      pb[mt][nt][1] = movmatrix_trans(pack_half2(sc[mt][nt][2], sc[mt][nt][3]));
+      pb[mt][nt][0] = movmatrix_trans(pack2<PT>(sc[mt][nt][0], sc[mt][nt][1]));
+      pb[mt][nt][1] = movmatrix_trans(pack2<PT>(sc[mt][nt][2], sc[mt][nt][3]));
     }
   }
 }

@@ -10,10 +10,8 @@ struct DecodeSmem {
   static constexpr int kRows = 8 * NT;
   union {
     unsigned char stage[kWarps][kStages][Stage<D>::kBytes];  // quantized CTAs: each warp's pipeline
-    struct {  // the window CTA: 16 tokens per warp step, keys as rows and values transposed (fp16)
-      __half k[16][D + 8];
-      __half vt[D][16 + 8];
-    } res[kWarps];
+    // the window: per warp 32 tokens of K, then of V, rows of D 2-byte elements as stored (window_tile_offset)
+    unsigned char res[kWarps][2 * kGroup * 2 * D];
     float acc[kWarps][kRows][D];  // the warps' final O, merged into the split's partial
   };
   float q[kRows][D];  // query rows (rotated for quantized CTAs) before they become B fragments
@@ -81,93 +79,107 @@ __device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int spl
   }
 }
 
-// 8 elements (16 bytes) as 4 fp16 pairs.
-template <typename T>
-__device__ __forceinline__ uint4 to_half8(uint4 x);
-template <>
-__device__ __forceinline__ uint4 to_half8<__half>(uint4 x) { return x; }
-template <>
-__device__ __forceinline__ uint4 to_half8<__nv_bfloat16>(uint4 x) {
-  uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    w[i] = as_u32(__float22half2_rn(__bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]))));
-  return make_uint4(w[0], w[1], w[2], w[3]);
+// Byte offset of 16-byte chunk `ch` of row `t` in a tile of 32 rows x D 2-byte elements: chunks XOR-swizzled by
+// t & 7, so the 8 rows an ldmatrix matrix reads at one logical chunk sit in 8 different bank groups.
+template <int D>
+__device__ __forceinline__ uint32_t window_tile_offset(int t, int ch) {
+  return static_cast<uint32_t>(t * 2 * D + 16 * (ch ^ (t & 7)));
 }
 
-// Full-precision window (not rotated): warp w takes 16-token steps w, w + 4, ... Keys staged as rows, values
-// transposed, both fp16 (rows past res_len are 0): a step's 16-byte loads of K are all issued before any is
-// used, then those of V (the window is on the critical path of a batch-1 step). Causal inside the window for Lq > 1.
+// Full-precision window (not rotated), in its own dtype T: warp w takes the 32-token steps w, w + 4, ... Each step
+// is one round of cp.async (K and V rows as stored, rows past res_len zero-filled) into the warp's tiles, then
+// A fragments by ldmatrix: K as rows (S^T = K Q^T, k = channels in natural order) and V^T by ldmatrix.trans
+// (O^T += V^T P^T). The query enters as natural-order T pairs straight from global memory (no rotation, no shared
+// memory, no block barrier), P as T pairs. Causal inside the window for Lq > 1.
 template <int D, int NT, typename T>
-__device__ void residual_part(const DecodeParams& p, int b, int h, const uint32_t (&qf)[D / 16][NT][2],
-                              WarpState<D, NT>& w, __half (*kb)[D + 8], __half (*vt)[16 + 8]) {
+__device__ void residual_part(const DecodeParams& p, int b, int h, WarpState<D, NT>& w, unsigned char* tile) {
+  constexpr int kChunks = D / 8, kTile = kGroup * 2 * D;  // 16-byte chunks per row; bytes of the K (or V) tile
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int res_len = p.res_lens[b];
+  int t0 = kGroup * warp;
+  if (t0 >= res_len) return;
   const T* kr = static_cast<const T*>(p.k_res) + b * p.kr_sb + h * p.kr_sh;
   const T* vr = static_cast<const T*>(p.v_res) + b * p.vr_sb + h * p.vr_sh;
+  const uint32_t kt_base = smem_addr(tile), vt_base = kt_base + kTile;
+  auto issue = [&](int first) {
+#pragma unroll
+    for (int i = 0; i < kGroup * kChunks / 32; ++i) {
+      const int idx = lane + 32 * i, t = idx / kChunks, ch = idx % kChunks;
+      const bool ok = first + t < res_len;
+      const int64_t row = ok ? first + t : first;  // a valid address either way
+      const uint32_t off = window_tile_offset<D>(t, ch);
+      cp_async16_zfill(kt_base + off, kr + row * p.kr_st + 8 * ch, ok);
+      cp_async16_zfill(vt_base + off, vr + row * p.vr_st + 8 * ch, ok);
+    }
+    cp_async_commit();
+  };
+  issue(t0);
   const int rows = p.group * p.lq;
+  const T* qp = static_cast<const T*>(p.q);
+  uint32_t qn[D / 16][NT][2];  // B = Q^T: k = channels 16 ks + 2c (+ 8 e), n = row 8 nt + g
   int lim[NT][2];  // query row 8 nt + 2c + hc (token a = row / group) sees window positions < lim
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+  for (int nt = 0; nt < NT; ++nt) {
+    const int row = 8 * nt + g;
+    const int64_t head = static_cast<int64_t>(b) * p.kv_heads * p.group + h * p.group + row % p.group;
+    const T* qrow = qp + (head * p.lq + row / p.group) * D + 2 * c;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        qn[ks][nt][e] = row < rows ? __ldg(reinterpret_cast<const unsigned int*>(qrow + 16 * ks + 8 * e)) : 0u;
 #pragma unroll
     for (int hc = 0; hc < 2; ++hc) {
-      const int row = 8 * nt + 2 * c + hc;
-      lim[nt][hc] = row < rows ? res_len - p.lq + 1 + row / p.group : 0;
+      const int r = 8 * nt + 2 * c + hc;
+      lim[nt][hc] = r < rows ? res_len - p.lq + 1 + r / p.group : 0;
     }
-  constexpr int kVecs = 16 * D / 8 / 32;  // 16-byte vectors per lane per step (8 for D = 128)
-  for (int t0 = 16 * warp; t0 < res_len; t0 += 16 * kWarps) {
-    uint4 x[kVecs];
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int idx = lane + 32 * i, t = idx / (D / 8), d = 8 * (idx % (D / 8));
-      x[i] = t0 + t < res_len ? __ldg(reinterpret_cast<const uint4*>(kr + static_cast<int64_t>(t0 + t) * p.kr_st + d))
-                              : make_uint4(0u, 0u, 0u, 0u);
-    }
-    __syncwarp();  // the previous step's reads of kb / vt are done
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int idx = lane + 32 * i, t = idx / (D / 8), d = 8 * (idx % (D / 8));
-      *reinterpret_cast<uint4*>(&kb[t][d]) = to_half8<T>(x[i]);
-      x[i] = t0 + t < res_len ? __ldg(reinterpret_cast<const uint4*>(vr + static_cast<int64_t>(t0 + t) * p.vr_st + d))
-                              : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int idx = lane + 32 * i, t = idx / (D / 8), d = 8 * (idx % (D / 8));
-      const uint4 v8 = to_half8<T>(x[i]);
-      const __half* vh = reinterpret_cast<const __half*>(&v8);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) vt[d + j][t] = vh[j];
-    }
+  }
+  // ldmatrix row addresses: lane = 8 j + r gives row r of matrix j.
+  const int j = lane >> 3, r8 = lane & 7;
+  for (; t0 < res_len; t0 += kGroup * kWarps) {
+    cp_async_wait<0>();
     __syncwarp();
-    float sc[1][NT][4] = {};
+    float sc[2][NT][4];
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t a[4];
+    for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-        a[r] = *reinterpret_cast<const uint32_t*>(&kb[g + 8 * (r & 1)][frag_channel(ks, 2 * c + 8 * (r >> 1))]);
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mma16816(sc[0][nt], a, qf[ks][nt][0], qf[ks][nt][1]);
-    }
+        for (int e = 0; e < 4; ++e) sc[mt][nt][e] = 0.f;
+      const int t = 16 * mt + r8 + 8 * (j & 1);  // matrices: (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, kt_base + window_tile_offset<D>(t, 2 * ks + (j >> 1)));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = t0 + g + 8 * (e >> 1);
-        sc[0][nt][e] = t < lim[nt][e & 1] ? sc[0][nt][e] * p.scale_log2 : -INFINITY;
+        for (int nt = 0; nt < NT; ++nt) mma16816_t<T>(sc[mt][nt], a, qn[ks][nt][0], qn[ks][nt][1]);
       }
-    uint32_t pb[1][NT][2];
-    softmax_to_p<D, NT, 1>(sc, w, pb);
-#pragma unroll
-    for (int mv = 0; mv < D / 16; ++mv) {
-      uint32_t a[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        a[r] = *reinterpret_cast<const uint32_t*>(&vt[16 * mv + g + 8 * (r & 1)][2 * c + 8 * (r >> 1)]);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mma16816(w.acc[mv][nt], a, pb[0][nt][0], pb[0][nt][1]);
     }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = t0 + 16 * mt + g + 8 * (e >> 1);
+          sc[mt][nt][e] = t < lim[nt][e & 1] ? sc[mt][nt][e] * p.scale_log2 : -INFINITY;
+        }
+    uint32_t pb[2][NT][2];
+    softmax_to_p<D, NT, 2, T>(sc, w, pb);
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt) {
+      // V^T tile (channels 16 mv.., tokens 16 kt..): matrix j = tokens + 8 (j >> 1), channels + 8 (j & 1), transposed.
+      const int t = 16 * kt + r8 + 8 * (j >> 1);
+#pragma unroll
+      for (int mv = 0; mv < D / 16; ++mv) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, vt_base + window_tile_offset<D>(t, 2 * mv + (j & 1)));
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma16816_t<T>(w.acc[mv][nt], a, pb[kt][nt][0], pb[kt][nt][1]);
+      }
+    }
+    __syncwarp();  // the tiles are refilled next
+    if (t0 + kGroup * kWarps < res_len) issue(t0 + kGroup * kWarps);
   }
 }
 

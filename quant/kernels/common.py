@@ -46,9 +46,28 @@ class DecodeInputs:
     residual: int  # Tr
 
 
+_FULL_LENS: dict[tuple, torch.Tensor] = {}
+
+
+def _full_lens(batch: int, value: int, device) -> torch.Tensor:
+    """int32 [batch] filled with `value`, made once per (device, batch, value): a step that passes no lengths
+    then launches the kernel alone (no fill kernels in a captured decode step). Never cached while a CUDA graph
+    is being captured (a tensor made then is only written when the graph replays)."""
+    device = torch.device(device)
+    key = (device, batch, value)
+    t = _FULL_LENS.get(key)
+    if t is None:
+        t = torch.full((batch,), value, dtype=torch.int32, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            if len(_FULL_LENS) >= 256:
+                _FULL_LENS.clear()
+            _FULL_LENS[key] = t
+    return t
+
+
 def _lens(lens, default: int, batch: int, limit: int, what: str, device) -> torch.Tensor:
     if lens is None:
-        return torch.full((batch,), default, dtype=torch.int32, device=device)
+        return _full_lens(batch, default, device)
     on_host = not (isinstance(lens, torch.Tensor) and lens.is_cuda)
     lens = torch.as_tensor(lens).reshape(-1)
     if lens.numel() != batch:

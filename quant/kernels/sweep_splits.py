@@ -51,14 +51,16 @@ def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
     return g
 
 
-def time_plan(q, kv, splits: int | None, min_blocks: int = 3) -> dict:
+def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | None = None) -> dict:
+    """window: the window's own CTA (True), folded into the last split's (False), or the planner's choice."""
     import triton.testing
 
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
     slots, rows = num_sms(q.device) * min_blocks, x.batch * x.kv_heads
-    window = cuda.separate_window(rows, slots)
+    if window is None:
+        window = cuda.separate_window(rows, slots)
     if splits is None:
-        split_tokens, splits = cuda.plan_splits(x.tokens, rows, slots - rows if window else slots)
+        split_tokens, splits = cuda.plan_splits(x.tokens, rows, max(slots - rows, rows) if window else slots)
     else:
         split_tokens = max(32, -(-x.tokens // (splits * 32)) * 32)
         splits = -(-x.tokens // split_tokens)
@@ -91,7 +93,7 @@ def trace_plan(q, kv, min_blocks: int = 3) -> dict:
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
     slots, rows = num_sms(q.device) * min_blocks, x.batch * x.kv_heads
     window = cuda.separate_window(rows, slots)
-    _, splits = cuda.plan_splits(x.tokens, rows, slots - rows if window else slots)
+    _, splits = cuda.plan_splits(x.tokens, rows, max(slots - rows, rows) if window else slots)
     ctas = (splits + 1 if window else max(splits, 1)) * rows
     trace = torch.zeros(ctas * 8, dtype=torch.int64, device=q.device)
     for _ in range(3):  # warm, then the traced launch is the last
@@ -132,9 +134,12 @@ def main() -> None:
     p.add_argument("--splits", default="1,2,4,8,16,24,32,48,64,96",
                    help="split counts to try besides the planner's")
     p.add_argument("--min-blocks", type=int, default=3)
+    p.add_argument("--window", choices=["auto", "cta", "folded"], default="auto",
+                   help="the window's placement: the planner's choice, its own CTA, or in the last split's CTA")
     p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
     p.add_argument("--out", default=None)
     a = p.parse_args()
+    window = {"auto": None, "cta": True, "folded": False}[a.window]
     rows = []
     for point in a.points.split(","):
         b, ctx = (int(v) for v in point.lower().split("x"))
@@ -142,7 +147,7 @@ def main() -> None:
         for s in [None] + [int(v) for v in a.splits.split(",") if v]:
             if s is not None and s * 128 > ctx * 2:
                 continue
-            r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None, **time_plan(q, kv, s, a.min_blocks)}
+            r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None, **time_plan(q, kv, s, a.min_blocks, window)}
             rows.append(r)
             print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, {r['ctas']:>5} CTAs)"
                   f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us  warm {r['warm_us']:8.1f} us",
