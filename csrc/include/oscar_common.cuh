@@ -214,11 +214,9 @@ __device__ void fwht_rows(float* x, int rows, int ld) {
   __syncthreads();
 }
 
-// Natural-order Walsh-Hadamard transform (unnormalized) of one row of D floats held by D / 8 consecutive lanes,
-// 8 consecutive elements each (lane j of the row: elements 8 j .. 8 j + 7): 3 butterfly stages in registers,
-// log2(D / 8) across lanes with shuffles. No shared memory, no barrier.
-template <int D>
-__device__ __forceinline__ void fwht_lanes(float (&x)[8]) {
+// The first 3 butterfly stages (h = 1, 2, 4) of 8 consecutive elements in registers (the lower element keeps
+// a + b, the upper a - b), in fwht_rows' order.
+__device__ __forceinline__ void fwht8(float (&x)[8]) {
 #pragma unroll
   for (int h = 1; h < 8; h <<= 1)
 #pragma unroll
@@ -227,6 +225,14 @@ __device__ __forceinline__ void fwht_lanes(float (&x)[8]) {
         const float a = x[i], b = x[i + h];
         x[i] = a + b, x[i + h] = a - b;
       }
+}
+
+// Natural-order Walsh-Hadamard transform (unnormalized) of one row of D floats held by D / 8 consecutive lanes,
+// 8 consecutive elements each (lane j of the row: elements 8 j .. 8 j + 7): 3 butterfly stages in registers,
+// log2(D / 8) across lanes with shuffles. No shared memory, no barrier.
+template <int D>
+__device__ __forceinline__ void fwht_lanes(float (&x)[8]) {
+  fwht8(x);
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int m = 1; m < D / 8; m <<= 1) {

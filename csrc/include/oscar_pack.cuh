@@ -218,17 +218,7 @@ __device__ __forceinline__ void fetch_chunk(unsigned char* dst, const T* src) {
 }
 
 // ---- butterflies --------------------------------------------------------------------------------------------
-// Channel bits 0..2 of a chunk, in registers: stages h = 1, 2, 4 (the lower element keeps a + b, the upper a - b).
-__device__ __forceinline__ void fwht8(float (&x)[8]) {
-#pragma unroll
-  for (int h = 1; h < 8; h <<= 1)
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if (!(i & h)) {
-        const float a = x[i], b = x[i + h];
-        x[i] = a + b, x[i + h] = a - b;
-      }
-}
+// Channel bits 0..2 of a chunk in registers: fwht8 (oscar_common.cuh).
 
 // One stage across lanes (partner = lane ^ m): the lower lane (sgn = 1) gets a + b = fma(1, a, b), the upper
 // (sgn = -1) a - b = fma(-1, b, a), both exact one-rounding sums like fwht_rows' a + b and a - b.
