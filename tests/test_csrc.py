@@ -122,6 +122,12 @@ def test_split_plan_fills_the_resident_ctas():
     assert plan_splits(32768, 128, 396) == (11008, 3)  # 384 CTAs
     assert plan_splits(4096, 512, 396) == (1408, 3)  # 1536 CTAs = 3.9 of 4 waves
     assert plan_splits(0, 8, 396) == (128, 0)
+    # a folded window (128 bf16 tokens ~ 683 packed ones) shortens the last split of a single wave: 11136 + 11136
+    # + 10368; over several waves the splits stay equal
+    assert plan_splits(32640, 128, 396, window=128) == (11136, 3)
+    assert plan_splits(3968, 512, 396, window=128) == plan_splits(3968, 512, 396) == (1408, 3)
+    assert plan_splits(32640, 128, 396) == (10880, 3)
+    assert plan_splits(32640, 128, 396, want=2) == (16384, 2)
     # The window gets its own CTA when a wave holds it beside >= 8 splits per row: batch-1 steps, not batches.
     assert kcuda.separate_window(8, 396) and kcuda.separate_window(32, 396) and kcuda.separate_window(44, 396)
     assert not kcuda.separate_window(45, 396) and not kcuda.separate_window(128, 396)
@@ -160,6 +166,7 @@ def test_e2e_profile_groups_kernels_by_kind():
     assert kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
     assert kind_of("nvjet_hsh_128x64_64x4_1x2_h_bz_NNT") == "gemm"
     assert kind_of("void oscar::pack_kernel<128, __nv_bfloat16>(oscar::PackParams)") == "pack"
+    assert kind_of("rms_norm_kernel") == "norm"  # the fused RMSNorm (Triton), not the pack
     assert kind_of("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"
     events = [("nvjet_a", 30.0), ("nvjet_a", 30.0), ("elementwise_x", 2.0), ("elementwise_x", 2.0),
               ("oscar::decode_split_kernel", 10.0), ("nvjet_a", 30.0), ("elementwise_x", 2.0)]

@@ -131,7 +131,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   const int64_t bh = blockIdx.y;
   const int b = static_cast<int>(bh / p.kv_heads), h = static_cast<int>(bh % p.kv_heads);
   int arrivals = 0;
-  uint32_t qf[D / 16][NT][2];
   WarpState<D, NT> w;
   trace_stamp(p, 0);
   if (window) {
@@ -142,10 +141,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
     ++arrivals;
   }
   if (split >= 0 && split < p.num_splits) {
-    query_fragments<D, NT, T>(p, b, h, p.rotate, sm.q, qf);  // its barrier also ends write_partial's reads
-    trace_stamp(p, 1);
-    init_state<D, NT>(w);
-    quantized_part<D, NT>(p, b, bh, split, qf, w, sm.stage[warp]);
+    if (window) __syncthreads();  // the window's write_partial read sm.acc, which the stages alias
+    quantized_part<D, NT, T>(p, b, bh, split, w, sm);
     finish_state<D, NT>(w);
     trace_stamp(p, 2);
     write_partial<D, NT>(p, bh, split, w, sm);
@@ -163,15 +160,24 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   trace_stamp(p, 4);
 }
 
+namespace {
+// Devices on which a specialization's shared-memory limit is raised. Internal linkage on purpose: a function-local
+// static of an inline template is one symbol across every loaded module (STB_GNU_UNIQUE), so a second build of the
+// same kernels in one process (min_blocks=2 beside 3) skipped its own setup and failed to launch (run 28).
+template <int D, int NT, typename T>
+bool decode_configured[64] = {};
+}  // namespace
+
 template <int D, int NT, typename T>
 cudaError_t launch_decode_nt(const DecodeParams& p, int batch, cudaStream_t stream) {
   const size_t smem = sizeof(DecodeSmem<D, NT>);
-  static bool configured = false;  // per specialization
-  if (!configured) {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64 || !decode_configured<D, NT, T>[dev]) {
     const cudaError_t e = cudaFuncSetAttribute(decode_split_kernel<D, NT, T>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
-    configured = true;
+    if (dev >= 0 && dev < 64) decode_configured<D, NT, T>[dev] = true;
   }
   const int ctas = p.window_cta ? p.num_splits + 1 : max(p.num_splits, 1);
   decode_split_kernel<D, NT, T><<<dim3(ctas, batch * p.kv_heads), kThreads, smem, stream>>>(p);

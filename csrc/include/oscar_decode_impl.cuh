@@ -19,6 +19,48 @@ struct DecodeSmem {
   int last;  // this CTA merges the splits (oscar_combine.cuh)
 };
 
+// Query rows -> rotated by the normalized Hadamard for quantized CTAs (in registers: each thread loads 8
+// channels of a row with one 16-byte load, fwht_lanes) -> shared -> fp16 B fragments in the frag channel order
+// (B = Q^T: k = channels frag_channel(ks, .), n = row 8 nt + g). One barrier.
+template <int D, int NT, typename T>
+__device__ void query_fragments(const DecodeParams& p, int b, int h, bool rotate, float (*q)[D],
+                                uint32_t (&qf)[D / 16][NT][2]) {
+  constexpr int kPerRow = D / 8, kRowsPerPass = kThreads / kPerRow;
+  const int rows = p.group * p.lq;
+  const T* qp = static_cast<const T*>(p.q);
+  const int d0 = 8 * (threadIdx.x % kPerRow);
+#pragma unroll
+  for (int r0 = 0; r0 < 8 * NT; r0 += kRowsPerPass) {
+    const int r = r0 + threadIdx.x / kPerRow;
+    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (r < rows) {
+      const int64_t head = static_cast<int64_t>(b) * p.kv_heads * p.group + h * p.group + r % p.group;
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(qp + (head * p.lq + r / p.group) * D + d0));
+      const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
+    }
+    if (rotate) fwht_lanes<D>(x);  // rows are whole lane groups, so every lane takes part
+    const float inv = rotate ? rsqrtf(static_cast<float>(D)) : 1.f;
+    if (r < 8 * NT) {  // (D = 64: one pass covers 16 rows)
+      float4* dst = reinterpret_cast<float4*>(&q[r][d0]);
+      dst[0] = make_float4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv);
+      dst[1] = make_float4(x[4] * inv, x[5] * inv, x[6] * inv, x[7] * inv);
+    }
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = frag_channel(ks, 2 * c + 8 * e);
+        qf[ks][nt][e] = pack_half2(q[8 * nt + g][d], q[8 * nt + g][d + 1]);
+      }
+}
+
 // Per-lane sources of one group's 16-byte chunks (oscar_decode.cuh Stage): codes in D/64 rounds, scales and
 // zeros (keys, values) and norms in one round each; `gi` selects the group.
 template <int D>
@@ -51,22 +93,29 @@ struct GroupSource {
   }
 };
 
-template <int D, int NT>
-__device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int split, const uint32_t (&qf)[D / 16][NT][2],
-                               WarpState<D, NT>& w, unsigned char (*stages)[Stage<D>::kBytes]) {
+// The split's groups: warp w takes groups first + w, + kWarps, ... The first kStages - 1 are issued before the query is
+// read and rotated, so the query's loads and barrier overlap the first groups' (a CTA's start has no loads in
+// flight otherwise, which multi-wave grids pay once per CTA).
+template <int D, int NT, typename T>
+__device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int split, WarpState<D, NT>& w,
+                               DecodeSmem<D, NT>& sm) {
   const int warp = threadIdx.x >> 5;
+  unsigned char (*stages)[Stage<D>::kBytes] = sm.stage[warp];
   const int kv_len = p.kv_lens[b];
   const int start = split * p.split_tokens;
   const int end = min(start + p.split_tokens, kv_len);
   const int first = start / kGroup + warp;
   const int n = end > start ? ((end + kGroup - 1) / kGroup - first + kWarps - 1) / kWarps : 0;
-  if (n <= 0) return;
   const GroupSource<D> src(p, bh, b);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n) src.issue(stages[s], first + kWarps * s);
     cp_async_commit();
   }
+  uint32_t qf[D / 16][NT][2];
+  query_fragments<D, NT, T>(p, b, static_cast<int>(bh % p.kv_heads), p.rotate, sm.q, qf);  // every warp: a barrier
+  trace_stamp(p, 1);
+  init_state<D, NT>(w);
   for (int k = 0; k < n; ++k) {
     const int pre = k + kStages - 1;
     if (pre < n) src.issue(stages[pre % kStages], first + kWarps * pre);
@@ -181,48 +230,6 @@ __device__ void residual_part(const DecodeParams& p, int b, int h, WarpState<D, 
     __syncwarp();  // the tiles are refilled next
     if (t0 + kGroup * kWarps < res_len) issue(t0 + kGroup * kWarps);
   }
-}
-
-// Query rows -> rotated by the normalized Hadamard for quantized CTAs (in registers: each thread loads 8
-// channels of a row with one 16-byte load, fwht_lanes) -> shared -> fp16 B fragments in the frag channel order
-// (B = Q^T: k = channels frag_channel(ks, .), n = row 8 nt + g). One barrier.
-template <int D, int NT, typename T>
-__device__ void query_fragments(const DecodeParams& p, int b, int h, bool rotate, float (*q)[D],
-                                uint32_t (&qf)[D / 16][NT][2]) {
-  constexpr int kPerRow = D / 8, kRowsPerPass = kThreads / kPerRow;
-  const int rows = p.group * p.lq;
-  const T* qp = static_cast<const T*>(p.q);
-  const int d0 = 8 * (threadIdx.x % kPerRow);
-#pragma unroll
-  for (int r0 = 0; r0 < 8 * NT; r0 += kRowsPerPass) {
-    const int r = r0 + threadIdx.x / kPerRow;
-    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (r < rows) {
-      const int64_t head = static_cast<int64_t>(b) * p.kv_heads * p.group + h * p.group + r % p.group;
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(qp + (head * p.lq + r / p.group) * D + d0));
-      const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
-    }
-    if (rotate) fwht_lanes<D>(x);  // rows are whole lane groups, so every lane takes part
-    const float inv = rotate ? rsqrtf(static_cast<float>(D)) : 1.f;
-    if (r < 8 * NT) {  // (D = 64: one pass covers 16 rows)
-      float4* dst = reinterpret_cast<float4*>(&q[r][d0]);
-      dst[0] = make_float4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv);
-      dst[1] = make_float4(x[4] * inv, x[5] * inv, x[6] * inv, x[7] * inv);
-    }
-  }
-  __syncthreads();
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int d = frag_channel(ks, 2 * c + 8 * e);
-        qf[ks][nt][e] = pack_half2(q[8 * nt + g][d], q[8 * nt + g][d + 1]);
-      }
 }
 
 // Merge the 4 warps' states and write this split's partial (valid rows only).

@@ -703,22 +703,26 @@ inline int plan_heads(int heads, int groups, int batch, int sms, int min_heads, 
   return per_cta;
 }
 
+namespace {
+template <int D, typename T, bool kVec>
+bool configured[64] = {};  // per device; internal linkage, see decode_configured (oscar_combine.cuh)
+}  // namespace
+
 template <int D, typename T, bool kVec>
 cudaError_t launch(const PackParams& p, int batch, cudaStream_t stream) {
   using G = Geo<D, T>;
   const int groups = p.tokens / kGroup;
   int chunks = 1;
   const int per_cta = plan_heads(p.heads, groups, batch, sm_count(), G::kSlots / 2, &chunks);
-  static bool configured[64] = {};
   int dev = 0;
   cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64 || !configured[dev]) {
+  if (dev < 0 || dev >= 64 || !configured<D, T, kVec>[dev]) {
     cudaError_t e = cudaFuncSetAttribute(pack_kernel<D, T, kVec>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSmem);
     if (e == cudaSuccess)  // two CTAs per SM need (nearly) all of the unified L1 / shared memory as shared
       e = cudaFuncSetAttribute(pack_kernel<D, T, kVec>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
     if (e != cudaSuccess) return e;
-    if (dev >= 0 && dev < 64) configured[dev] = true;
+    if (dev >= 0 && dev < 64) configured<D, T, kVec>[dev] = true;
   }
   pack_kernel<D, T, kVec><<<dim3(groups, chunks, batch), kPackThreads, G::kSmem, stream>>>(p, per_cta);
   return cudaGetLastError();

@@ -51,8 +51,25 @@ def get_spec(name: str) -> ModelSpec:
 
 
 def load(name: str, **options):
-    """Load a registered model and return its adapter. Options: model_path, device, dtype, device_map."""
+    """Load a registered model and return its adapter. Options: model_path, device, dtype, device_map.
+
+    On a GPU its RMSNorms run as one Triton kernel each (quant.kernels.triton_norm; OSCAR_FUSED_NORM=0: off).
+    """
     spec = get_spec(name)
     module_name, class_name = spec.adapter.split(":")
     adapter_cls = getattr(importlib.import_module(module_name), class_name)
-    return adapter_cls.load(spec, **options)
+    adapter = adapter_cls.load(spec, **options)
+    _fuse_norms(adapter.model)
+    return adapter
+
+
+def _fuse_norms(model) -> int:
+    """quant.kernels.triton_norm.fuse_rms_norms on a model with weights on a CUDA device; 0 elsewhere,
+    with OSCAR_FUSED_NORM=0, or without triton (the optional `kernels` extra)."""
+    if not any(p.is_cuda for p in model.parameters()):
+        return 0  # a CPU model would only ever take the fallback: leave it (and triton's import) alone
+    try:
+        from quant.kernels import triton_norm
+    except ImportError:
+        return 0
+    return triton_norm.fuse_rms_norms(model) if triton_norm.enabled() else 0

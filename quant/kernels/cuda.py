@@ -116,7 +116,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         if waves is not None:
             split_tokens, splits = choose_split(x.tokens, rows, 128, slots, waves)
         else:
-            split_tokens, splits = plan_splits(x.tokens, rows, slots)
+            split_tokens, splits = plan_splits(x.tokens, rows, slots, window=0 if window_cta else x.residual)
         while splits + 1 > 1024:  # the merge's limit
             split_tokens *= 2
             splits = -(-x.tokens // split_tokens)
@@ -134,21 +134,33 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     return out.to(query.dtype)
 
 
-def plan_splits(tokens: int, rows: int, slots: int, block: int = 128, most: int = 8) -> tuple[int, int]:
+# A full-precision window token costs about as much as this many packed ones: its K and V are read as 2 x D 2-byte
+# values, a packed token's as 3D/4 bytes (2-bit codes plus the fp16 scale and zero per 32 channels or tokens).
+WINDOW_TOKEN_WEIGHT = 16 / 3
+
+
+def plan_splits(tokens: int, rows: int, slots: int, block: int = 128, most: int = 8, window: int = 0,
+                want: int | None = None) -> tuple[int, int]:
     """Split-KV plan for the CUDA kernel: (split_tokens, num_splits). One CTA per (split, row), the window
     folded into one of them, so the grid is rows * splits CTAs over `slots` resident ones. Up to one wave:
     fill it exactly (splits = slots // rows); beyond: the splits (<= `most`) whose CTAs fill the waves they
-    need best (ties: fewer splits), e.g. 512 rows on 396 slots -> 3 splits (3.9 of 4 waves busy)."""
+    need best (ties: fewer splits), e.g. 512 rows on 396 slots -> 3 splits (3.9 of 4 waves busy); `want` forces
+    the count. window: full-precision tokens the last split's CTA also attends to; in a single wave, where the
+    slowest CTA ends the step, the splits are sized as if the row held their weight in packed tokens too, so that
+    split comes out shorter by about that much (16 x 32K: 11136, 11136, 10368 tokens instead of 3 x 10880: 170.2 ->
+    166.9 us, run 27); over several waves the scheduler evens the CTAs out and longer splits only cost (64 x 4K
+    109.3 -> 111.2 us)."""
     if tokens == 0:
         return block, 0
-    if rows <= slots:
+    if want is None and rows <= slots:
         want = slots // rows
-    else:
+    elif want is None:
         def busy(s):
             ctas = rows * s
             return ctas / (-(-ctas // slots) * slots)
         want = max(range(1, most + 1), key=lambda s: (round(busy(s), 3), -s))
-    split = max(block, -(-tokens // (want * block)) * block)
+    weighted = tokens + (round(window * WINDOW_TOKEN_WEIGHT) if rows * want <= slots else 0)
+    split = max(block, -(-weighted // (want * block)) * block)
     return split, -(-tokens // split)
 
 

@@ -15,7 +15,8 @@ from collections import defaultdict
 
 KINDS = (  # first match wins (lower-case substrings of the kernel name)
     ("attention", ("decode_split", "flash", "fmha", "cudnn", "sdpa", "attn", "attention")),
-    ("pack", ("pack_kernel", "norm_kernel")),
+    ("pack", ("oscar::pack_kernel",)),
+    ("norm", ("rms_norm_kernel",)),  # quant/kernels/triton_norm.py
     ("gemm", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk")),
 )
 

@@ -2,7 +2,8 @@
 
 For each point B x context of a head shape, the decode inputs are prepared once and the raw extension call
 is captured in a CUDA graph; its replay is timed with the L2 flushed before every launch (as in
-`oscar-eval bench`) and back to back (20 launches per graph, L2 warm). Prints a table, writes JSON:
+`oscar-eval bench`: do_bench's zero-fill, which leaves the L2 dirty, and a read-only flush, "clean-L2"), and back to
+back (20 launches per graph, L2 warm). Prints a table, writes JSON:
 
     python3 -m quant.kernels.sweep_splits --points 1x4096,1x131072 --out sweep.json
 
@@ -17,6 +18,7 @@ import json
 
 import torch
 
+from harness.bench import clean_l2_us
 from quant.kernels import cuda, pack_kv
 from quant.kernels.common import num_sms, prepare_decode
 from quant.packed import PackedKV
@@ -51,8 +53,10 @@ def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
     return g
 
 
-def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | None = None) -> dict:
-    """window: the window's own CTA (True), folded into the last split's (False), or the planner's choice."""
+def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | None = None,
+              balance: bool = False) -> dict:
+    """window: the window's own CTA (True), folded into the last split's (False), or the planner's choice;
+    balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally."""
     import triton.testing
 
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
@@ -60,8 +64,12 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     if window is None:
         window = cuda.separate_window(rows, slots)
     if splits is None:
-        split_tokens, splits = cuda.plan_splits(x.tokens, rows, max(slots - rows, rows) if window else slots)
-    else:
+        split_tokens, splits = cuda.plan_splits(x.tokens, rows, max(slots - rows, rows) if window else slots,
+                                                window=0 if window else x.residual)
+    elif balance:  # this many splits, sized as the planner does (a folded window weighed in)
+        split_tokens, splits = cuda.plan_splits(x.tokens, rows, slots, block=32, want=splits,
+                                                window=0 if window else x.residual)
+    else:  # equal splits
         split_tokens = max(32, -(-x.tokens // (splits * 32)) * 32)
         splits = -(-x.tokens // split_tokens)
     mod = cuda.load(x.head_dim, min_blocks=min_blocks)
@@ -74,6 +82,7 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
 
     one, many = graph_of(fn, 1), graph_of(fn, 20)
     flushed = 1e3 * triton.testing.do_bench(one.replay, warmup=25, rep=200, return_mode="median")
+    clean = clean_l2_us(one.replay)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     many.replay()
     torch.cuda.synchronize()
@@ -85,7 +94,7 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     warm = 1e3 * start.elapsed_time(end) / 200
     ctas = (splits + 1 if window else max(splits, 1)) * rows
     return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "ctas": ctas,
-            "flushed_us": flushed, "warm_us": warm}
+            "flushed_us": flushed, "clean_us": clean, "warm_us": warm}
 
 
 def trace_plan(q, kv, min_blocks: int = 3) -> dict:
@@ -93,16 +102,18 @@ def trace_plan(q, kv, min_blocks: int = 3) -> dict:
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
     slots, rows = num_sms(q.device) * min_blocks, x.batch * x.kv_heads
     window = cuda.separate_window(rows, slots)
-    _, splits = cuda.plan_splits(x.tokens, rows, max(slots - rows, rows) if window else slots)
+    _, splits = cuda.plan_splits(x.tokens, rows, max(slots - rows, rows) if window else slots,
+                                 window=0 if window else x.residual)
     ctas = (splits + 1 if window else max(splits, 1)) * rows
-    trace = torch.zeros(ctas * 8, dtype=torch.int64, device=q.device)
+    # the binding asks for (splits + 1) rows of stamps per (b, kv head) whatever the window's placement
+    trace = torch.zeros((splits + 1) * rows * 8, dtype=torch.int64, device=q.device)
     for _ in range(3):  # warm, then the traced launch is the last
         trace.zero_()
         cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace)
     torch.cuda.synchronize()
-    summary = summarize_trace(trace.view(ctas, 8).cpu())
-    return {"ctas": ctas, "splits": splits, "window_cta": window, **summary,
-            "stamps": trace.view(ctas, 8).cpu().tolist() if ctas <= 512 else None}
+    stamps = trace[:ctas * 8].view(ctas, 8).cpu()
+    return {"ctas": ctas, "splits": splits, "window_cta": window, **summarize_trace(stamps),
+            "stamps": stamps.tolist() if ctas <= 512 else None}
 
 
 def summarize_trace(stamps: torch.Tensor) -> dict:
@@ -136,6 +147,8 @@ def main() -> None:
     p.add_argument("--min-blocks", type=int, default=3)
     p.add_argument("--window", choices=["auto", "cta", "folded"], default="auto",
                    help="the window's placement: the planner's choice, its own CTA, or in the last split's CTA")
+    p.add_argument("--balance", action="store_true",
+                   help="size the --splits counts like the planner (a folded window weighed in), not equally")
     p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
     p.add_argument("--out", default=None)
     a = p.parse_args()
@@ -147,10 +160,12 @@ def main() -> None:
         for s in [None] + [int(v) for v in a.splits.split(",") if v]:
             if s is not None and s * 128 > ctx * 2:
                 continue
-            r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None, **time_plan(q, kv, s, a.min_blocks, window)}
+            r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
+                 **time_plan(q, kv, s, a.min_blocks, window, a.balance)}
             rows.append(r)
             print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, {r['ctas']:>5} CTAs)"
-                  f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us  warm {r['warm_us']:8.1f} us",
+                  f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us  clean-L2 {r['clean_us']:8.1f} us  "
+                  f"warm {r['warm_us']:8.1f} us",
                   flush=True)
         if a.trace:
             tr = trace_plan(q, kv, a.min_blocks)
