@@ -394,10 +394,13 @@ def environment() -> dict:
     import transformers
     import triton
 
+    from quant.kernels import triton_norm
+
     p = torch.cuda.get_device_properties(0)
     return {"device": p.name, "sms": p.multi_processor_count, "memory_bytes": p.total_memory,
             "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version()}
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "fused_norm": triton_norm.enabled()}  # the e2e model's RMSNorms (OSCAR_FUSED_NORM)
 
 
 def main(args) -> int:

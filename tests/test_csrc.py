@@ -46,14 +46,15 @@ def test_experiment_flags_get_their_own_build(monkeypatch):
 
 
 @needs_gpu
+@pytest.mark.parametrize("dynamic", [False, True])  # fixed splits, or groups claimed from a per-row counter
 @pytest.mark.parametrize("window_cta", [False, True])  # window folded into the last split's CTA, or its own
 @pytest.mark.parametrize("group,d", [(1, 128), (4, 128), (8, 128), (4, 64)])
-def test_cuda_decode_matches_oracle(group, d, window_cta):
+def test_cuda_decode_matches_oracle(group, d, window_cta, dynamic):
     kv = random_packed_kv(3, 2, 640, 77, d, seed=group + d, device="cuda")
     kv_lens, res_lens = [640, 333, 97], [77, 1, 40]
     q = torch.randn(3, 2 * group, 1, d, generator=torch.Generator().manual_seed(d)).to(torch.bfloat16)
     out = kcuda.decode_attention(q.cuda(), kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=128,
-                                 window_cta=window_cta)
+                                 window_cta=window_cta, dynamic=dynamic)
     assert torch.isfinite(out).all()
     ref = attention_f64(q, kv, d**-0.5, kv_lens, res_lens)
     err, budget = relative_error(out, ref), relative_error(attention_bf16(q, kv, d**-0.5, kv_lens, res_lens), ref)
@@ -110,8 +111,13 @@ def test_cuda_pack_then_decode_long_and_repeated(d, heads, group):
     again = kcuda.decode_attention(q.cuda(), kv, d**-0.5, kv_lens=lens)
     assert torch.equal(out, again)
     ref = attention_f64(q, kv, d**-0.5, lens)
-    err, budget = relative_error(out, ref), relative_error(attention_bf16(q, kv, d**-0.5, lens), ref)
-    assert err <= 2 * budget, f"kernel error {err:.2e} > 2 x bf16 error {budget:.2e}"
+    budget = relative_error(attention_bf16(q, kv, d**-0.5, lens), ref)
+    shared = [kcuda.decode_attention(q.cuda(), kv, d**-0.5, kv_lens=lens, dynamic=True) for _ in range(2)]
+    for x in (out, *shared):
+        err = relative_error(x, ref)
+        assert err <= 2 * budget, f"kernel error {err:.2e} > 2 x bf16 error {budget:.2e}"
+    # the claims counters reset too: a fixed-split call after the dynamic ones still gives the same bits
+    assert torch.equal(kcuda.decode_attention(q.cuda(), kv, d**-0.5, kv_lens=lens), out)
 
 
 def test_split_plan_fills_the_resident_ctas():

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   if (!sm.last) return;
   __threadfence();
   combine_splits<D, NT, T>(p, bh, sm);
-  if (threadIdx.x == 0) p.counters[bh] = 0;  // ready for the next call
+  if (threadIdx.x == 0) p.counters[bh] = 0, p.claims[bh] = 0;  // ready for the next call
   trace_stamp(p, 4);
 }
 

@@ -93,38 +93,60 @@ struct GroupSource {
   }
 };
 
-// The split's groups: warp w takes groups first + w, + kWarps, ... The first kStages - 1 are issued before the query is
-// read and rotated, so the query's loads and barrier overlap the first groups' (a CTA's start has no loads in
-// flight otherwise, which multi-wave grids pay once per CTA).
+// Which warp reads which 32-token group, and the pipeline. Fixed splits (the default, deterministic): CTA `split`
+// owns tokens [split * split_tokens, + split_tokens) and its warps take every kWarps-th group. Shared (p.dynamic, an
+// experiment): the warps of all a row's CTAs share its groups (nw = num_splits * kWarps): warp r's first kStages are
+// fixed (r, r + nw, ...), each later one is claimed from the row's counter (p.claims) one group step before its loads
+// are issued, so faster warps take more groups and a single wave's CTAs would end together (their ends spread by ~10%
+// of a step, runs 19 and 28); the sums' order then depends on timing. The claim is an atomicInc: nvcc compiles a
+// lane-0 atomicAdd (and inline-PTX atom.add) as a warp-aggregated atomic whose result is shuffled at once, which put
+// an L2 round trip on every step (runs 24-25: the loop ran 30% slower); the inc is issued as is, its result waited
+// for only where the next step reads it. Either way the first kStages - 1 groups are issued before the query is read
+// and rotated, so the query's loads and barrier overlap theirs (a CTA's start otherwise has no loads in flight).
 template <int D, int NT, typename T>
 __device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int split, WarpState<D, NT>& w,
                                DecodeSmem<D, NT>& sm) {
-  const int warp = threadIdx.x >> 5;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   unsigned char (*stages)[Stage<D>::kBytes] = sm.stage[warp];
   const int kv_len = p.kv_lens[b];
-  const int start = split * p.split_tokens;
-  const int end = min(start + p.split_tokens, kv_len);
-  const int first = start / kGroup + warp;
-  const int n = end > start ? ((end + kGroup - 1) / kGroup - first + kWarps - 1) / kWarps : 0;
+  int groups, stride, first;  // warp's groups: first + stride * k (fixed part), all below `groups`
+  if (p.dynamic) {
+    groups = (kv_len + kGroup - 1) / kGroup, stride = p.num_splits * kWarps, first = split * kWarps + warp;
+  } else {
+    const int start = split * p.split_tokens, end = min(start + p.split_tokens, kv_len);
+    groups = end > start ? (end + kGroup - 1) / kGroup : 0, stride = kWarps, first = start / kGroup + warp;
+  }
   const GroupSource<D> src(p, bh, b);
+  int queue[kStages - 1];  // groups of the stages in flight, oldest first (>= groups: none)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n) src.issue(stages[s], first + kWarps * s);
+    queue[s] = first + stride * s;
+    if (queue[s] < groups) src.issue(stages[s], queue[s]);
     cp_async_commit();
   }
   uint32_t qf[D / 16][NT][2];
   query_fragments<D, NT, T>(p, b, static_cast<int>(bh % p.kv_heads), p.rotate, sm.q, qf);  // every warp: a barrier
   trace_stamp(p, 1);
   init_state<D, NT>(w);
-  for (int k = 0; k < n; ++k) {
-    const int pre = k + kStages - 1;
-    if (pre < n) src.issue(stages[pre % kStages], first + kWarps * pre);
+  unsigned claimed = 0;  // lane 0: the pending claim (the counter's value before it)
+  bool more = true;      // groups are handed out in increasing order: past the end none can be valid again
+  for (int k = 0; queue[0] < groups; ++k) {
+    int next = first + stride * (kStages - 1 + k);
+    if (p.dynamic) {
+      const int got = stride * kStages + static_cast<int>(__shfl_sync(0xffffffffu, claimed, 0));
+      if (k > 0) next = more ? got : groups;
+      more = next < groups;
+      if (more && lane == 0) claimed = atomicInc(reinterpret_cast<unsigned*>(p.claims + bh), 0x7fffffffu);
+    }
+    if (next < groups) src.issue(stages[(k + kStages - 1) % kStages], next);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    const int gi = first + kWarps * k;
-    group_step<D, NT>(stages[k % kStages], qf, w, kv_len - kGroup * gi, p.scale_log2);
+    group_step<D, NT>(stages[k % kStages], qf, w, kv_len - kGroup * queue[0], p.scale_log2);
     __syncwarp();  // the stage is refilled next iteration
+#pragma unroll
+    for (int s = 0; s < kStages - 2; ++s) queue[s] = queue[s + 1];
+    queue[kStages - 2] = next < groups ? next : groups;
   }
 }
 

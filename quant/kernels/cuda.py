@@ -87,7 +87,8 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 
 def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None,
                      split_tokens: int | None = None, min_blocks: int = 3, waves: float | None = None,
-                     trace: torch.Tensor | None = None, window_cta: bool | None = None) -> torch.Tensor:
+                     trace: torch.Tensor | None = None, window_cta: bool | None = None,
+                     dynamic: bool = False) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
     Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
@@ -96,7 +97,9 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     per KV head (a specialization); waves: force a split-KV plan of that many waves of the device's resident
     CTAs (SMs * min_blocks) instead of `plan_splits`. window_cta: give the full-precision window its own CTA,
     scheduled first (default: when one wave holds it beside >= 8 splits per row, see `separate_window`), else
-    it is folded into the last split's CTA. trace (diagnostics): an int64 CUDA tensor of
+    it is folded into the last split's CTA. dynamic (an experiment, see NOTES run 31): the warps of a (batch, KV
+    head)'s CTAs claim its 32-token groups from a shared counter instead of each CTA reading a fixed split; the
+    sums' order then depends on timing. trace (diagnostics): an int64 CUDA tensor of
     (splits + 1) * B * Hkv * 8 that receives per-CTA %globaltimer stamps (quant/kernels/sweep_splits.py).
     """
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
@@ -129,8 +132,8 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     if x.q.data_ptr() % 16:  # and the query with 16-byte loads
         x.q = x.q.clone()
     out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                     _counters(query.device, x.batch * x.kv_heads), x.tokens, splits, split_tokens, float(scaling),
-                     kv.hadamard is not None, window_cta, _NO_TRACE[query.device] if trace is None else trace)
+                     _counters(query.device, 2 * x.batch * x.kv_heads), x.tokens, splits, split_tokens, float(scaling),
+                     kv.hadamard is not None, bool(dynamic), window_cta, _NO_TRACE[query.device] if trace is None else trace)
     return out.to(query.dtype)
 
 
@@ -189,8 +192,9 @@ _NO_TRACE = _EmptyPerDevice()
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Per-(b, kv head) arrival counters of the split merge: zeroed once, reset to 0 by the kernel itself
-    (so a decode step is one launch, graph-capturable). One buffer per device: decode calls on one device
+    """Per-(b, kv head) counters, n = 2 B Hkv: the split merge's arrivals, then the groups claimed by the warps
+    (dynamic); the kernel returns each to 0 itself (zeroed once, a decode step is one launch, graph-capturable; any
+    layout of the two leaves the buffer all zero for the next). One buffer per device: decode calls on one device
     must not run concurrently on different streams."""
     buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < n:

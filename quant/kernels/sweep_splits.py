@@ -54,9 +54,10 @@ def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
 
 
 def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | None = None,
-              balance: bool = False) -> dict:
+              balance: bool = False, dynamic: bool = False) -> dict:
     """window: the window's own CTA (True), folded into the last split's (False), or the planner's choice;
-    balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally."""
+    balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally; dynamic:
+    the warps claim a row's groups from a counter (cuda.decode_attention)."""
     import triton.testing
 
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
@@ -73,11 +74,11 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
         split_tokens = max(32, -(-x.tokens // (splits * 32)) * 32)
         splits = -(-x.tokens // split_tokens)
     mod = cuda.load(x.head_dim, min_blocks=min_blocks)
-    counters = cuda._counters(q.device, x.batch * x.kv_heads)
+    counters = cuda._counters(q.device, 2 * x.batch * x.kv_heads)
 
     def fn():
         return mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                          counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, window,
+                          counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, dynamic, window,
                           cuda._NO_TRACE[q.device])
 
     one, many = graph_of(fn, 1), graph_of(fn, 20)
@@ -93,11 +94,11 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     torch.cuda.synchronize()
     warm = 1e3 * start.elapsed_time(end) / 200
     ctas = (splits + 1 if window else max(splits, 1)) * rows
-    return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "ctas": ctas,
+    return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "dynamic": dynamic, "ctas": ctas,
             "flushed_us": flushed, "clean_us": clean, "warm_us": warm}
 
 
-def trace_plan(q, kv, min_blocks: int = 3) -> dict:
+def trace_plan(q, kv, min_blocks: int = 3, dynamic: bool = False) -> dict:
     """One planned launch with per-CTA stamps; returns the phase summary (us) and the raw stamps."""
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
     slots, rows = num_sms(q.device) * min_blocks, x.batch * x.kv_heads
@@ -109,10 +110,10 @@ def trace_plan(q, kv, min_blocks: int = 3) -> dict:
     trace = torch.zeros((splits + 1) * rows * 8, dtype=torch.int64, device=q.device)
     for _ in range(3):  # warm, then the traced launch is the last
         trace.zero_()
-        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace)
+        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, dynamic=dynamic)
     torch.cuda.synchronize()
     stamps = trace[:ctas * 8].view(ctas, 8).cpu()
-    return {"ctas": ctas, "splits": splits, "window_cta": window, **summarize_trace(stamps),
+    return {"ctas": ctas, "splits": splits, "window_cta": window, "dynamic": dynamic, **summarize_trace(stamps),
             "stamps": stamps.tolist() if ctas <= 512 else None}
 
 
@@ -149,6 +150,8 @@ def main() -> None:
                    help="the window's placement: the planner's choice, its own CTA, or in the last split's CTA")
     p.add_argument("--balance", action="store_true",
                    help="size the --splits counts like the planner (a folded window weighed in), not equally")
+    p.add_argument("--schedules", default="fixed",
+                   help="comma list: fixed (a split per CTA), dynamic (warps claim a row's groups from a counter)")
     p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
     p.add_argument("--out", default=None)
     a = p.parse_args()
@@ -157,23 +160,24 @@ def main() -> None:
     for point in a.points.split(","):
         b, ctx = (int(v) for v in point.lower().split("x"))
         q, kv = inputs(a.shape, b, ctx)
-        for s in [None] + [int(v) for v in a.splits.split(",") if v]:
-            if s is not None and s * 128 > ctx * 2:
-                continue
-            r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
-                 **time_plan(q, kv, s, a.min_blocks, window, a.balance)}
-            rows.append(r)
-            print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, {r['ctas']:>5} CTAs)"
-                  f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us  clean-L2 {r['clean_us']:8.1f} us  "
-                  f"warm {r['warm_us']:8.1f} us",
-                  flush=True)
-        if a.trace:
-            tr = trace_plan(q, kv, a.min_blocks)
-            rows.append({"shape": a.shape, "batch": b, "context": ctx, "trace": tr})
-            print(f"  trace {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, min/median/p90/max): start "
-                  f"{tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} partial {tr['partial_us']} window "
-                  f"{tr['window_us']} "
-                  f"cta end {tr['cta_end_us']} merge {tr['merge_us']} last end {tr['end_us']:.2f}", flush=True)
+        for sched in a.schedules.split(","):
+            dyn = {"fixed": False, "dynamic": True}[sched]
+            for s in [None] + [int(v) for v in a.splits.split(",") if v]:
+                if s is not None and s * 128 > ctx * 2:
+                    continue
+                r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
+                     **time_plan(q, kv, s, a.min_blocks, window, a.balance, dyn)}
+                rows.append(r)
+                print(f"{a.shape} {b:>3}x{ctx:<6} {sched:>7} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, "
+                      f"{r['ctas']:>5} CTAs){' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us  "
+                      f"clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
+            if a.trace:
+                tr = trace_plan(q, kv, a.min_blocks, dyn)
+                rows.append({"shape": a.shape, "batch": b, "context": ctx, "trace": tr})
+                print(f"  trace {sched} {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, min/median/p90/max): start "
+                      f"{tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} partial {tr['partial_us']} "
+                      f"window {tr['window_us']} cta end {tr['cta_end_us']} merge {tr['merge_us']} "
+                      f"last end {tr['end_us']:.2f}", flush=True)
         del q, kv
         torch.cuda.empty_cache()
     if a.out:
