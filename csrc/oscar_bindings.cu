@@ -29,7 +29,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                      torch::Tensor vs, torch::Tensor vz, torch::Tensor norms, torch::Tensor k_res,
                      torch::Tensor v_res, torch::Tensor kv_lens, torch::Tensor res_lens, torch::Tensor counters,
                      int64_t tokens,
-                     int64_t num_splits, int64_t split_tokens, double scaling, bool rotate, bool dynamic, bool window_cta,
+                     int64_t num_splits, int64_t split_tokens, double scaling, bool rotate, bool window_cta,
                      torch::Tensor trace) {
   TORCH_CHECK(q.dim() == 4 && q.size(3) == D, "q must be [B, Hq, Lq, ", D, "]");
   const auto dt = q.scalar_type();
@@ -53,7 +53,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
   TORCH_CHECK(group * lq <= 16, "group * Lq = ", group * lq, " exceeds the 16 rows of one tile");
   TORCH_CHECK(tokens % 32 == 0 && split_tokens % 32 == 0, "tokens and split_tokens must be multiples of 32");
   TORCH_CHECK(num_splits + 1 <= oscar::kMaxSplits, "too many splits: ", num_splits);
-  TORCH_CHECK(counters.numel() >= 2 * b * hkv, "counters must hold two zeroed int32 per (batch, kv head)");
+  TORCH_CHECK(counters.numel() >= b * hkv, "counters must hold a zeroed int32 per (batch, kv head)");
   const c10::cuda::CUDAGuard guard(q.device());
   auto f32 = q.options().dtype(torch::kFloat32);
   auto part_o = torch::empty({b * hkv, num_splits + 1, group * lq, D}, f32);
@@ -65,9 +65,9 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                         norms.data_ptr<float>(), k_res.data_ptr(), v_res.data_ptr(), k_res.stride(0), k_res.stride(1),
                         k_res.stride(2), v_res.stride(0), v_res.stride(1), v_res.stride(2), kv_lens.data_ptr<int32_t>(),
                         res_lens.data_ptr<int32_t>(), part_o.data_ptr<float>(), part_ml.data_ptr<float>(),
-                        counters.data_ptr<int32_t>(), counters.data_ptr<int32_t>() + b * hkv, out.data_ptr(), static_cast<int>(hkv), static_cast<int>(group), static_cast<int>(lq),
+                        counters.data_ptr<int32_t>(), out.data_ptr(), static_cast<int>(hkv), static_cast<int>(group), static_cast<int>(lq),
                         static_cast<int>(tokens), static_cast<int>(num_splits), static_cast<int>(split_tokens),
-                        static_cast<float>(scaling * 1.4426950408889634), rotate, dynamic, window_cta, nullptr};
+                        static_cast<float>(scaling * 1.4426950408889634), rotate, window_cta, nullptr};
   if (trace.numel() > 0) {  // diagnostics: per CTA kTraceSlots u64 (quant/kernels/sweep_splits.py)
     TORCH_CHECK(trace.scalar_type() == torch::kInt64 && trace.is_cuda() && trace.is_contiguous() &&
                     trace.numel() >= (num_splits + 1) * b * hkv * oscar::kTraceSlots,

@@ -36,15 +36,13 @@ struct DecodeParams {
   float* part_o;   // [B * Hkv, splits + 1, rows, D]
   float* part_ml;  // [B * Hkv, splits + 1, 2, rows]
   int32_t* counters;  // [B * Hkv], zero between calls (the last CTA of each (b, h) resets its entry)
-  int32_t* claims;    // [B * Hkv] groups claimed past the fixed ones (dynamic), zero between calls (reset likewise)
   void* out;       // [B, Hq, LQ, D], dtype T
   int kv_heads, group, lq, tokens, num_splits, split_tokens;
   float scale_log2;  // scaling * log2(e)
   bool rotate;       // Hd is the Sylvester Hadamard (else identity)
-  bool dynamic;      // the warps of a row's CTAs share its groups (quantized_part); else a fixed split per CTA
   bool window_cta;   // the window has its own CTA, blockIdx.x 0 (scheduled first); else it is folded into the
                      // last split's CTA
-  unsigned long long* trace;  // diagnostics, usually null: per CTA [5] %globaltimer stamps + SM id (kTraceSlots)
+  unsigned long long* trace;  // diagnostics, usually null: per CTA [6] %globaltimer stamps + SM id (kTraceSlots)
 };
 
 constexpr int kTraceSlots = 8;

@@ -19,27 +19,48 @@ struct DecodeSmem {
   int last;  // this CTA merges the splits (oscar_combine.cuh)
 };
 
-// Query rows -> rotated by the normalized Hadamard for quantized CTAs (in registers: each thread loads 8
-// channels of a row with one 16-byte load, fwht_lanes) -> shared -> fp16 B fragments in the frag channel order
-// (B = Q^T: k = channels frag_channel(ks, .), n = row 8 nt + g). One barrier.
+// The query: each thread loads 8 channels of a row with one 16-byte load (query_load), then the rows are rotated
+// by the normalized Hadamard for quantized CTAs (in registers: fwht_lanes) -> shared -> fp16 B fragments in the frag
+// channel order (B = Q^T: k = channels frag_channel(ks, .), n = row 8 nt + g). One barrier.
+template <int D, int NT>
+struct QueryLoads {
+  static constexpr int kPerRow = D / 8, kRowsPerPass = kThreads / kPerRow;
+  static constexpr int kPasses = (8 * NT + kRowsPerPass - 1) / kRowsPerPass;
+  uint4 v[kPasses];
+};
+
+// Issued as volatile asm so that it stays ahead of the cp.async prologue in the SM's request queue: behind a single
+// wave's first burst of stages (15 MB over the chip) a query load waited 5-13 us (run 31 trace).
 template <int D, int NT, typename T>
-__device__ void query_fragments(const DecodeParams& p, int b, int h, bool rotate, float (*q)[D],
-                                uint32_t (&qf)[D / 16][NT][2]) {
-  constexpr int kPerRow = D / 8, kRowsPerPass = kThreads / kPerRow;
-  const int rows = p.group * p.lq;
+__device__ __forceinline__ void query_load(const DecodeParams& p, int b, int h, QueryLoads<D, NT>& ql) {
+  using Q = QueryLoads<D, NT>;
+  const int rows = p.group * p.lq, d0 = 8 * (threadIdx.x % Q::kPerRow);
   const T* qp = static_cast<const T*>(p.q);
-  const int d0 = 8 * (threadIdx.x % kPerRow);
 #pragma unroll
-  for (int r0 = 0; r0 < 8 * NT; r0 += kRowsPerPass) {
-    const int r = r0 + threadIdx.x / kPerRow;
-    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int i = 0; i < Q::kPasses; ++i) {
+    const int r = i * Q::kRowsPerPass + threadIdx.x / Q::kPerRow;
+    ql.v[i] = make_uint4(0u, 0u, 0u, 0u);
     if (r < rows) {
       const int64_t head = static_cast<int64_t>(b) * p.kv_heads * p.group + h * p.group + r % p.group;
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(qp + (head * p.lq + r / p.group) * D + d0));
-      const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
+      const T* src = qp + (head * p.lq + r / p.group) * D + d0;
+      asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(ql.v[i].x), "=r"(ql.v[i].y), "=r"(ql.v[i].z), "=r"(ql.v[i].w) : "l"(src));
     }
+  }
+}
+
+template <int D, int NT, typename T>
+__device__ void query_fragments(const QueryLoads<D, NT>& ql, bool rotate, float (*q)[D],
+                                uint32_t (&qf)[D / 16][NT][2]) {
+  using Q = QueryLoads<D, NT>;
+  const int d0 = 8 * (threadIdx.x % Q::kPerRow);
+#pragma unroll
+  for (int i = 0; i < Q::kPasses; ++i) {
+    const int r = i * Q::kRowsPerPass + threadIdx.x / Q::kPerRow;
+    float x[8];
+    const T* e = reinterpret_cast<const T*>(&ql.v[i]);  // zero bits for rows past the query's: 0.0
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] = to_float(e[k]);
     if (rotate) fwht_lanes<D>(x);  // rows are whole lane groups, so every lane takes part
     const float inv = rotate ? rsqrtf(static_cast<float>(D)) : 1.f;
     if (r < 8 * NT) {  // (D = 64: one pass covers 16 rows)
@@ -93,60 +114,41 @@ struct GroupSource {
   }
 };
 
-// Which warp reads which 32-token group, and the pipeline. Fixed splits (the default, deterministic): CTA `split`
-// owns tokens [split * split_tokens, + split_tokens) and its warps take every kWarps-th group. Shared (p.dynamic, an
-// experiment): the warps of all a row's CTAs share its groups (nw = num_splits * kWarps): warp r's first kStages are
-// fixed (r, r + nw, ...), each later one is claimed from the row's counter (p.claims) one group step before its loads
-// are issued, so faster warps take more groups and a single wave's CTAs would end together (their ends spread by ~10%
-// of a step, runs 19 and 28); the sums' order then depends on timing. The claim is an atomicInc: nvcc compiles a
-// lane-0 atomicAdd (and inline-PTX atom.add) as a warp-aggregated atomic whose result is shuffled at once, which put
-// an L2 round trip on every step (runs 24-25: the loop ran 30% slower); the inc is issued as is, its result waited
-// for only where the next step reads it. Either way the first kStages - 1 groups are issued before the query is read
-// and rotated, so the query's loads and barrier overlap theirs (a CTA's start otherwise has no loads in flight).
+// CTA `split` owns tokens [split * split_tokens, + split_tokens); its warps take every kWarps-th 32-token group
+// through a kStages-deep cp.async pipeline. The query's loads go out first, then the first kStages - 1 groups, so
+// the query's rotation and barrier overlap those loads (a CTA's start otherwise has no loads in flight). Query
+// first (run 32): its phase 6.1 -> 2.3 us at 1x128K, clean-L2 times -0.7 to -2.5 us, flushed within +-1 us.
+// (A schedule where the warps of a row's CTAs claimed groups from a shared counter was measured three times and
+// ran 10-45% slower, runs 24, 25 and 31: NOTES.)
 template <int D, int NT, typename T>
 __device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int split, WarpState<D, NT>& w,
                                DecodeSmem<D, NT>& sm) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   unsigned char (*stages)[Stage<D>::kBytes] = sm.stage[warp];
-  const int kv_len = p.kv_lens[b];
-  int groups, stride, first;  // warp's groups: first + stride * k (fixed part), all below `groups`
-  if (p.dynamic) {
-    groups = (kv_len + kGroup - 1) / kGroup, stride = p.num_splits * kWarps, first = split * kWarps + warp;
-  } else {
-    const int start = split * p.split_tokens, end = min(start + p.split_tokens, kv_len);
-    groups = end > start ? (end + kGroup - 1) / kGroup : 0, stride = kWarps, first = start / kGroup + warp;
-  }
+  const int kv_len = p.kv_lens[b], h = static_cast<int>(bh % p.kv_heads);
+  const int start = split * p.split_tokens, end = min(start + p.split_tokens, kv_len);
+  const int groups = end > start ? (end + kGroup - 1) / kGroup : 0, first = start / kGroup + warp;
   const GroupSource<D> src(p, bh, b);
-  int queue[kStages - 1];  // groups of the stages in flight, oldest first (>= groups: none)
+  QueryLoads<D, NT> ql;
+  query_load<D, NT, T>(p, b, h, ql);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    queue[s] = first + stride * s;
-    if (queue[s] < groups) src.issue(stages[s], queue[s]);
+    const int gi = first + kWarps * s;
+    if (gi < groups) src.issue(stages[s], gi);
     cp_async_commit();
   }
   uint32_t qf[D / 16][NT][2];
-  query_fragments<D, NT, T>(p, b, static_cast<int>(bh % p.kv_heads), p.rotate, sm.q, qf);  // every warp: a barrier
+  query_fragments<D, NT, T>(ql, p.rotate, sm.q, qf);  // every warp: a barrier
   trace_stamp(p, 1);
   init_state<D, NT>(w);
-  unsigned claimed = 0;  // lane 0: the pending claim (the counter's value before it)
-  bool more = true;      // groups are handed out in increasing order: past the end none can be valid again
-  for (int k = 0; queue[0] < groups; ++k) {
-    int next = first + stride * (kStages - 1 + k);
-    if (p.dynamic) {
-      const int got = stride * kStages + static_cast<int>(__shfl_sync(0xffffffffu, claimed, 0));
-      if (k > 0) next = more ? got : groups;
-      more = next < groups;
-      if (more && lane == 0) claimed = atomicInc(reinterpret_cast<unsigned*>(p.claims + bh), 0x7fffffffu);
-    }
+  for (int k = 0, gi = first; gi < groups; ++k, gi += kWarps) {
+    const int next = gi + kWarps * (kStages - 1);
     if (next < groups) src.issue(stages[(k + kStages - 1) % kStages], next);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    group_step<D, NT>(stages[k % kStages], qf, w, kv_len - kGroup * queue[0], p.scale_log2);
+    group_step<D, NT>(stages[k % kStages], qf, w, kv_len - kGroup * gi, p.scale_log2);
     __syncwarp();  // the stage is refilled next iteration
-#pragma unroll
-    for (int s = 0; s < kStages - 2; ++s) queue[s] = queue[s + 1];
-    queue[kStages - 2] = next < groups ? next : groups;
   }
 }
 

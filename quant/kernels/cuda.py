@@ -87,8 +87,7 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 
 def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None,
                      split_tokens: int | None = None, min_blocks: int = 3, waves: float | None = None,
-                     trace: torch.Tensor | None = None, window_cta: bool | None = None,
-                     dynamic: bool = False) -> torch.Tensor:
+                     trace: torch.Tensor | None = None, window_cta: bool | None = None) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
     Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
@@ -97,9 +96,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     per KV head (a specialization); waves: force a split-KV plan of that many waves of the device's resident
     CTAs (SMs * min_blocks) instead of `plan_splits`. window_cta: give the full-precision window its own CTA,
     scheduled first (default: when one wave holds it beside >= 8 splits per row, see `separate_window`), else
-    it is folded into the last split's CTA. dynamic (an experiment, see NOTES run 31): the warps of a (batch, KV
-    head)'s CTAs claim its 32-token groups from a shared counter instead of each CTA reading a fixed split; the
-    sums' order then depends on timing. trace (diagnostics): an int64 CUDA tensor of
+    it is folded into the last split's CTA. trace (diagnostics): an int64 CUDA tensor of
     (splits + 1) * B * Hkv * 8 that receives per-CTA %globaltimer stamps (quant/kernels/sweep_splits.py).
     """
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
@@ -109,17 +106,16 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     if x.group * x.lq > 16:
         raise ValueError(f"(Hq / Hkv) * Lq = {x.group * x.lq} query rows per KV head exceed the 16 rows of one "
                          "tensor-core tile: use backend='triton' or fewer speculative tokens")
+    rows = x.batch * x.kv_heads
     if split_tokens is None:
-        slots = num_sms(query.device) * min_blocks
-        rows = x.batch * x.kv_heads
-        if window_cta is None:
-            window_cta = separate_window(rows, slots)
-        if window_cta:
-            slots = max(slots - rows, rows)
         if waves is not None:
-            split_tokens, splits = choose_split(x.tokens, rows, 128, slots, waves)
+            slots = num_sms(query.device) * min_blocks
+            window_cta = separate_window(rows, slots) if window_cta is None else window_cta
+            split_tokens, splits = choose_split(x.tokens, rows, 128, max(slots - rows, rows) if window_cta else slots,
+                                                waves)
         else:
-            split_tokens, splits = plan_splits(x.tokens, rows, slots, window=0 if window_cta else x.residual)
+            split_tokens, splits, window_cta = decode_plan(x.tokens, rows, num_sms(query.device), min_blocks,
+                                                           x.residual, window_cta)
         while splits + 1 > 1024:  # the merge's limit
             split_tokens *= 2
             splits = -(-x.tokens // split_tokens)
@@ -132,8 +128,8 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     if x.q.data_ptr() % 16:  # and the query with 16-byte loads
         x.q = x.q.clone()
     out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                     _counters(query.device, 2 * x.batch * x.kv_heads), x.tokens, splits, split_tokens, float(scaling),
-                     kv.hadamard is not None, bool(dynamic), window_cta, _NO_TRACE[query.device] if trace is None else trace)
+                     _counters(query.device, rows), x.tokens, splits, split_tokens, float(scaling),
+                     kv.hadamard is not None, window_cta, _NO_TRACE[query.device] if trace is None else trace)
     return out.to(query.dtype)
 
 
@@ -142,13 +138,68 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
 WINDOW_TOKEN_WEIGHT = 16 / 3
 
 
+def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual: int = 0,
+                window_cta: bool | None = None) -> tuple[int, int, bool]:
+    """The decode launch's plan: (split_tokens, num_splits, window_cta) for `rows` (batch x KV heads) of `tokens`
+    packed tokens and `residual` window tokens on `sms` SMs with room for `min_blocks` CTAs each.
+
+    A single wave is planned by where its slowest SM ends (`slowest_sm`): the block scheduler deals CTA i to the
+    same SM as CTA i + sms (H100 traces, runs 31-35), so a split count that puts three long CTAs on a few SMs
+    while the rest hold two ends late. On the H100 (clean L2): 1x128K 32 splits (2 long CTAs on every SM) 48.1
+    us, 47 (3 on 112 SMs) 51.9, 33 (3 long on 6 SMs) 62.5; llava 1x128K 11 splits 157.9, 7 165.8, 8 202.7;
+    16x32K 2 splits 154.6, 3 158.3 (runs 32-35). Several waves keep `plan_splits`'s wave rule (64x4K: 3 splits,
+    1536 CTAs, beat 2 and 4)."""
+    slots = sms * min_blocks
+    if window_cta is None:
+        window_cta = separate_window(rows, slots)
+    room = max(slots - rows, rows) if window_cta else slots  # for the splits' CTAs
+    window = 0 if window_cta else residual
+    if tokens == 0 or rows > room:
+        split, n = plan_splits(tokens, rows, room, window=window)
+        return split, n, window_cta
+    return _single_wave_plan(tokens, rows, sms, room, -(-residual // 32) * 32, window_cta)
+
+
+# A CTA's fixed cost (query load, partial write and arrival: ~4 us) in packed tokens streamed meanwhile (~12 GB/s per
+# CTA, 100 bytes a token), and the speed of an SM holding one CTA against two or three (run 14: 16x32K with one
+# split per row 217 us, two 187).
+CTA_COST_TOKENS = 480
+ONE_CTA_SM_SPEED = 0.86
+
+
+def slowest_sm(tokens: int, rows: int, split: int, splits: int, sms: int, window_cta: bool, residual: int) -> float:
+    """Work of the most loaded SM, in packed tokens, when CTA i runs on SM i mod sms: per row (blockIdx.y) the
+    window CTA (window_cta) and then the splits (blockIdx.x), each costing its tokens (the window's weighed by
+    WINDOW_TOKEN_WEIGHT, in its own CTA or the last split's) plus CTA_COST_TOKENS; an SM with one CTA is slower."""
+    win = residual * WINDOW_TOKEN_WEIGHT
+    row = [win + CTA_COST_TOKENS] if window_cta else []
+    for i in range(splits):
+        row.append(min(split, tokens - i * split) + CTA_COST_TOKENS + (win if not window_cta and i == splits - 1 else 0))
+    load, count = [0.0] * sms, [0] * sms
+    for i, cost in enumerate(row * rows):
+        load[i % sms] += cost
+        count[i % sms] += 1
+    return max(w / (ONE_CTA_SM_SPEED if c == 1 else 1.0) for w, c in zip(load, count))
+
+
+@functools.lru_cache(maxsize=256)
+def _single_wave_plan(tokens: int, rows: int, sms: int, room: int, residual: int, window_cta: bool):
+    best = None
+    for want in range(1, min(room // rows, -(-tokens // 128)) + 1):  # ties: fewer splits
+        split, n = plan_splits(tokens, rows, room, window=0 if window_cta else residual, want=want)
+        cost = slowest_sm(tokens, rows, split, n, sms, window_cta, residual)
+        if best is None or cost < best[0] - 1e-6:
+            best = (cost, split, n)
+    return best[1], best[2], window_cta
+
+
 def plan_splits(tokens: int, rows: int, slots: int, block: int = 128, most: int = 8, window: int = 0,
                 want: int | None = None) -> tuple[int, int]:
     """Split-KV plan for the CUDA kernel: (split_tokens, num_splits). One CTA per (split, row), the window
     folded into one of them, so the grid is rows * splits CTAs over `slots` resident ones. Up to one wave:
-    fill it exactly (splits = slots // rows); beyond: the splits (<= `most`) whose CTAs fill the waves they
-    need best (ties: fewer splits), e.g. 512 rows on 396 slots -> 3 splits (3.9 of 4 waves busy); `want` forces
-    the count. window: full-precision tokens the last split's CTA also attends to; in a single wave, where the
+    fill it (splits = slots // rows; `decode_plan` chooses among the counts by their slowest SM); beyond: the
+    splits (<= `most`) whose CTAs fill the waves they need best (ties: fewer splits), e.g. 512 rows on 396 slots
+    -> 3 splits (3.9 of 4 waves busy); `want` forces the count. window: full-precision tokens the last split's CTA also attends to; in a single wave, where the
     slowest CTA ends the step, the splits are sized as if the row held their weight in packed tokens too, so that
     split comes out shorter by about that much (16 x 32K: 11136, 11136, 10368 tokens instead of 3 x 10880: 170.2 ->
     166.9 us, run 27); over several waves the scheduler evens the CTAs out and longer splits only cost (64 x 4K
@@ -192,10 +243,9 @@ _NO_TRACE = _EmptyPerDevice()
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Per-(b, kv head) counters, n = 2 B Hkv: the split merge's arrivals, then the groups claimed by the warps
-    (dynamic); the kernel returns each to 0 itself (zeroed once, a decode step is one launch, graph-capturable; any
-    layout of the two leaves the buffer all zero for the next). One buffer per device: decode calls on one device
-    must not run concurrently on different streams."""
+    """Per-(b, kv head) arrival counters of the split merge, n = B Hkv; the kernel returns each to 0 itself (zeroed
+    once, a decode step is one launch, graph-capturable). One buffer per device: decode calls on one device must not
+    run concurrently on different streams."""
     buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 
@@ -54,31 +55,30 @@ def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
 
 
 def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | None = None,
-              balance: bool = False, dynamic: bool = False) -> dict:
+              balance: bool = False) -> dict:
     """window: the window's own CTA (True), folded into the last split's (False), or the planner's choice;
-    balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally; dynamic:
-    the warps claim a row's groups from a counter (cuda.decode_attention)."""
+    balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally."""
     import triton.testing
 
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
     slots, rows = num_sms(q.device) * min_blocks, x.batch * x.kv_heads
-    if window is None:
-        window = cuda.separate_window(rows, slots)
-    if splits is None:
-        split_tokens, splits = cuda.plan_splits(x.tokens, rows, max(slots - rows, rows) if window else slots,
-                                                window=0 if window else x.residual)
-    elif balance:  # this many splits, sized as the planner does (a folded window weighed in)
-        split_tokens, splits = cuda.plan_splits(x.tokens, rows, slots, block=32, want=splits,
-                                                window=0 if window else x.residual)
-    else:  # equal splits
-        split_tokens = max(32, -(-x.tokens // (splits * 32)) * 32)
-        splits = -(-x.tokens // split_tokens)
+    if splits is None:  # the planner's
+        split_tokens, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual,
+                                                        window)
+    else:
+        window = cuda.separate_window(rows, slots) if window is None else window
+        if balance:  # this many splits, sized as the planner does (a folded window weighed in)
+            split_tokens, splits = cuda.plan_splits(x.tokens, rows, slots, block=32, want=splits,
+                                                    window=0 if window else x.residual)
+        else:  # equal splits
+            split_tokens = max(32, -(-x.tokens // (splits * 32)) * 32)
+            splits = -(-x.tokens // split_tokens)
     mod = cuda.load(x.head_dim, min_blocks=min_blocks)
-    counters = cuda._counters(q.device, 2 * x.batch * x.kv_heads)
+    counters = cuda._counters(q.device, rows)
 
     def fn():
         return mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                          counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, dynamic, window,
+                          counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, window,
                           cuda._NO_TRACE[q.device])
 
     one, many = graph_of(fn, 1), graph_of(fn, 20)
@@ -94,34 +94,33 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     torch.cuda.synchronize()
     warm = 1e3 * start.elapsed_time(end) / 200
     ctas = (splits + 1 if window else max(splits, 1)) * rows
-    return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "dynamic": dynamic, "ctas": ctas,
+    return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "ctas": ctas,
             "flushed_us": flushed, "clean_us": clean, "warm_us": warm}
 
 
-def trace_plan(q, kv, min_blocks: int = 3, dynamic: bool = False) -> dict:
+def trace_plan(q, kv, min_blocks: int = 3) -> dict:
     """One planned launch with per-CTA stamps; returns the phase summary (us) and the raw stamps."""
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
-    slots, rows = num_sms(q.device) * min_blocks, x.batch * x.kv_heads
-    window = cuda.separate_window(rows, slots)
-    _, splits = cuda.plan_splits(x.tokens, rows, max(slots - rows, rows) if window else slots,
-                                 window=0 if window else x.residual)
+    rows = x.batch * x.kv_heads
+    _, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual)
     ctas = (splits + 1 if window else max(splits, 1)) * rows
     # the binding asks for (splits + 1) rows of stamps per (b, kv head) whatever the window's placement
     trace = torch.zeros((splits + 1) * rows * 8, dtype=torch.int64, device=q.device)
     for _ in range(3):  # warm, then the traced launch is the last
         trace.zero_()
-        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, dynamic=dynamic)
+        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, min_blocks=min_blocks)
     torch.cuda.synchronize()
     stamps = trace[:ctas * 8].view(ctas, 8).cpu()
-    return {"ctas": ctas, "splits": splits, "window_cta": window, "dynamic": dynamic, **summarize_trace(stamps),
+    return {"ctas": ctas, "splits": splits, "window_cta": window, **summarize_trace(stamps),
             "stamps": stamps.tolist() if ctas <= 512 else None}
 
 
 def summarize_trace(stamps: torch.Tensor) -> dict:
     """Phase summary of per-CTA stamps [CTAs, 8] (the kernel's trace_stamp: 0 start, 1 query ready, 2 main
-    loop done, 3 partial written and counted, 4 merge done, 7 SM id; 0 = not reached). Each phase as
-    [min, median, p90, max] in us, times from the first CTA's start. CTAs without a quantized split (a
-    separate window CTA) report their whole run under window_us."""
+    loop done, 3 partial written and counted (a window CTA: its window partial written), 5 the merge's partials
+    loaded and summed, 4 merge done, 7 SM id; 0 = not reached). Each phase as [min, median, p90, max] in us, times
+    from the first CTA's start. CTAs without a quantized split (a separate window CTA) report their window under
+    window_us; tail_us: from the last split's partial to the end of the last merge."""
     t = stamps.double()
     t0 = t[:, 0].min()
     rel = (t[:, :5] - t0) / 1e3  # ns -> us
@@ -136,7 +135,10 @@ def summarize_trace(stamps: torch.Tensor) -> dict:
             "query_us": pct((rel[:, 1] - rel[:, 0])[quant]), "loop_us": pct((rel[:, 2] - rel[:, 1])[quant]),
             "partial_us": pct((rel[:, 3] - rel[:, 2])[quant]),
             "window_us": pct((rel[:, 3] - rel[:, 0])[~quant]), "cta_end_us": pct(rel[:, 3]),
-            "merge_us": pct((rel[:, 4] - rel[:, 3])[merged]), "end_us": round(float(ends.max()), 2)}
+            "merge_us": pct((rel[:, 4] - rel[:, 3])[merged]),
+            "merge_loads_us": pct(((t[:, 5] - t[:, 3]) / 1e3)[merged & (t[:, 5] > 0)]),
+            "tail_us": round(float(ends.max() - rel[:, 3][quant].max()), 2) if bool(quant.any()) else None,
+            "end_us": round(float(ends.max()), 2)}
 
 
 def main() -> None:
@@ -150,8 +152,6 @@ def main() -> None:
                    help="the window's placement: the planner's choice, its own CTA, or in the last split's CTA")
     p.add_argument("--balance", action="store_true",
                    help="size the --splits counts like the planner (a folded window weighed in), not equally")
-    p.add_argument("--schedules", default="fixed",
-                   help="comma list: fixed (a split per CTA), dynamic (warps claim a row's groups from a counter)")
     p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
     p.add_argument("--out", default=None)
     a = p.parse_args()
@@ -160,29 +160,28 @@ def main() -> None:
     for point in a.points.split(","):
         b, ctx = (int(v) for v in point.lower().split("x"))
         q, kv = inputs(a.shape, b, ctx)
-        for sched in a.schedules.split(","):
-            dyn = {"fixed": False, "dynamic": True}[sched]
-            for s in [None] + [int(v) for v in a.splits.split(",") if v]:
-                if s is not None and s * 128 > ctx * 2:
-                    continue
-                r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
-                     **time_plan(q, kv, s, a.min_blocks, window, a.balance, dyn)}
-                rows.append(r)
-                print(f"{a.shape} {b:>3}x{ctx:<6} {sched:>7} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, "
-                      f"{r['ctas']:>5} CTAs){' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us  "
-                      f"clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
-            if a.trace:
-                tr = trace_plan(q, kv, a.min_blocks, dyn)
-                rows.append({"shape": a.shape, "batch": b, "context": ctx, "trace": tr})
-                print(f"  trace {sched} {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, min/median/p90/max): start "
-                      f"{tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} partial {tr['partial_us']} "
-                      f"window {tr['window_us']} cta end {tr['cta_end_us']} merge {tr['merge_us']} "
-                      f"last end {tr['end_us']:.2f}", flush=True)
+        for s in [None] + [int(v) for v in a.splits.split(",") if v]:
+            if s is not None and s * 128 > ctx * 2:
+                continue
+            r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
+                 **time_plan(q, kv, s, a.min_blocks, window, a.balance)}
+            rows.append(r)
+            print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, {r['ctas']:>5} CTAs)"
+                  f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us  clean-L2 "
+                  f"{r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
+        if a.trace:
+            tr = trace_plan(q, kv, a.min_blocks)
+            rows.append({"shape": a.shape, "batch": b, "context": ctx, "trace": tr})
+            print(f"  trace {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, min/median/p90/max): start {tr['start_us']} "
+                  f"query {tr['query_us']} loop {tr['loop_us']} partial {tr['partial_us']} window {tr['window_us']} "
+                  f"cta end {tr['cta_end_us']} merge {tr['merge_us']} (loads {tr['merge_loads_us']}) tail {tr['tail_us']} "
+                  f"last end {tr['end_us']:.2f}", flush=True)
         del q, kv
         torch.cuda.empty_cache()
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+            json.dump({"gpu": torch.cuda.get_device_name(), "min_blocks": a.min_blocks,
+                       "kernel_flags": os.environ.get("OSCAR_KERNEL_FLAGS", ""), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
