@@ -162,7 +162,7 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
 
 # A CTA's fixed cost (query load, partial write and arrival: ~4 us) in packed tokens streamed meanwhile (~12 GB/s per
 # CTA, 100 bytes a token), and the speed of an SM holding one CTA against two or three (run 14: 16x32K with one
-# split per row 217 us, two 187).
+# split per row 217 us, two 187; run 37 at 14x128K: 738 and 550, so 0.86 is on the mild side).
 CTA_COST_TOKENS = 480
 ONE_CTA_SM_SPEED = 0.86
 
