@@ -13,3 +13,4 @@ template cudaError_t oscar::launch_pack<64, float>(const oscar::PackParams&, int
 template cudaError_t oscar::launch_pack<128, __half>(const oscar::PackParams&, int, cudaStream_t);
 template cudaError_t oscar::launch_pack<128, __nv_bfloat16>(const oscar::PackParams&, int, cudaStream_t);
 template cudaError_t oscar::launch_pack<128, float>(const oscar::PackParams&, int, cudaStream_t);
+#include "include/oscar_floor.cuh"

@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include "include/oscar_decode.cuh"
+#include "include/oscar_floor.cuh"
 #include "include/oscar_pack.cuh"
 
 #ifndef OSCAR_HEAD_DIM
@@ -111,10 +112,37 @@ std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, b
   return {kc, ks, kz, vc, vs, vz, norms};
 }
 
+// Speed-of-light references (quant/kernels/floor.py): stream all bytes of buf once with `ctas` CTAs of `threads`
+// (async: by cp.async with the L2 evict-first policy, the decode's path; else ld.global.nc into registers);
+// launch `ctas` empty CTAs that ask for `smem` bytes of shared memory. sink: a CUDA int32 tensor of >= 1 element.
+void read_floor(torch::Tensor buf, torch::Tensor sink, int64_t ctas, int64_t threads, bool async) {
+  TORCH_CHECK(buf.is_cuda() && buf.is_contiguous() && buf.nbytes() % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(buf.data_ptr()) % 16 == 0,
+              "read_floor needs a contiguous, 16-byte aligned CUDA buffer of a multiple of 16 bytes");
+  check(sink, "sink", torch::kInt32);
+  const c10::cuda::CUDAGuard guard(buf.device());
+  check_cuda(oscar::launch_read_floor(buf.data_ptr(), static_cast<int64_t>(buf.nbytes()), static_cast<int>(ctas),
+                                      static_cast<int>(threads), async,
+                                      reinterpret_cast<unsigned*>(sink.data_ptr<int32_t>()),
+                                      c10::cuda::getCurrentCUDAStream()),
+             "read_floor launch");
+}
+
+void empty_launch(torch::Tensor sink, int64_t ctas, int64_t threads, int64_t smem) {
+  check(sink, "sink", torch::kInt32);
+  const c10::cuda::CUDAGuard guard(sink.device());
+  check_cuda(oscar::launch_empty(static_cast<int>(ctas), static_cast<int>(threads), static_cast<int>(smem),
+                                 reinterpret_cast<unsigned*>(sink.data_ptr<int32_t>()), c10::cuda::getCurrentCUDAStream()),
+             "empty_launch");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "OScaR split-KV decode attention over the packed INT2 cache (frag code order)");
   m.def("pack", &pack, "OScaR rotate + token norm + INT2 quantize + pack of a block of K, V");
+  m.def("read_floor", &read_floor, "stream a buffer once (the decode's byte floor, quant/kernels/floor.py)");
+  m.def("empty_launch", &empty_launch, "launch empty CTAs (the decode's launch floor)");
   m.attr("head_dim") = D;
+  m.attr("decode_smem_bytes") = static_cast<int64_t>(sizeof(oscar::DecodeSmem<D, 1>));  // <= 8 query rows
 }

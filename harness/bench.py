@@ -6,7 +6,9 @@ shapes of the target models. Time = median of triton.testing.do_bench (which flu
 zero-filling a buffer, leaving it dirty), and for the graph step and the SDPA baselines also after a read-only flush
 ("clean", the L2 state a model's attention meets after the weight GEMMs; `clean_l2_us`).
 Effective bandwidth = bytes the step must read (packed codes, scales, norms, window) / time; copy
-bandwidth is measured in the same run. Pack: a 128-token flush block (per decode step = 1/128 of it)
+bandwidth is measured in the same run. With the CUDA backend each point also records the floors of
+quant/kernels/floor.py (a bare stream of the same bytes, an empty launch of the same grid) and the ceiling they allow
+against the best BF16. Pack: a 128-token flush block (per decode step = 1/128 of it)
 and a whole prefill (bytes read + written / time).
 End to end: a Qwen3-8B-shaped Qwen3ForCausalLM with random bf16 weights, caches filled directly at the
 target length, one decode step through model.forward: BF16 (preallocated cache, SDPA) vs OScaR
@@ -150,6 +152,10 @@ def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bo
                                                                             v[:, :, :0], None))
     blk_k, blk_v = k[:, :, :128].contiguous(), v[:, :, :128].contiguous()
     row["pack_block128_us"] = _median_us(lambda: pack_kv(blk_k, blk_v, backend="cuda"))
+    if "cuda" in backends:  # what any kernel pays to stream these bytes and launch this grid (floor.py)
+        from quant.kernels.floor import floor_point, planned_ctas
+
+        row.update(floor_point(row["oscar_bytes"], planned_ctas(q, kv)))
     outs = {}
     for be in backends:
         fn = _decode_fn(be, q, kv, d**-0.5)
@@ -209,6 +215,9 @@ def summarize(row: dict, copy_bw: float) -> dict:
             # "<backend>_graph_clean" (read-only L2 flush) is compared with the BF16 times taken the same way
             out[f"speedup_{be}"] = (best_clean if be.endswith("_clean") else best) / t
             out[f"bw_frac_{be}"] = row["oscar_bytes"] / (t * 1e-6) / copy_bw
+    if isinstance(row.get("floor_read_us"), float):  # the most any decode of these bytes could gain
+        out["ceiling_speedup"] = best / row["floor_read_us"]
+        out["ceiling_speedup_clean"] = best_clean / row["floor_read_clean_us"]
     out["pack_step_frac_of_cuda_attention"] = (row["pack_block128_us"] / 128) / row.get("oscar_cuda_us", math.nan)
     out["pack_prefill_bw_frac"] = row["pack_prefill_bytes"] / (row["pack_prefill_us"] * 1e-6) / copy_bw
     return out
@@ -248,6 +257,9 @@ def _kernel_line(r: dict) -> str:
             parts.append(f"| {be} {num(r[key])} g{num(r.get(f'oscar_{be}_graph_us'))} x{num(r.get(f'speedup_{be}'), '.2f')}"
                          f" bw{num(r.get(f'bw_frac_{be}'), '.2f')} clean-L2 g{num(r.get(f'oscar_{be}_graph_clean_us'))}"
                          f" x{num(r.get(f'speedup_{be}_graph_clean'), '.2f')}")
+    if "floor_read_us" in r:
+        parts.append(f"| read floor {num(r['floor_read_us'])} / {num(r.get('floor_read_clean_us'))} ceiling "
+                     f"x{num(r.get('ceiling_speedup'), '.2f')} / x{num(r.get('ceiling_speedup_clean'), '.2f')}")
     parts.append(f"| pack/step {num(r.get('pack_step_frac_of_cuda_attention'), '.3f')} prefill-bw "
                  f"{num(r.get('pack_prefill_bw_frac'), '.2f')}")
     return " ".join(parts)

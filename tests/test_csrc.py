@@ -70,6 +70,46 @@ def test_cuda_decode_speculative_and_fp16_residual():
 
 
 @needs_gpu
+@pytest.mark.parametrize("d,group,lq", [(128, 4, 3), (64, 8, 2)])
+def test_cuda_decode_merges_many_splits_of_many_rows(d, group, lq):
+    # 32 splits of 12 or 16 query rows (two head tiles), one 32-token group each, and a short second sequence:
+    # the merge's online max over several rounds of loads, and the rows a thread holds in turn.
+    kv = random_packed_kv(2, 2, 1024, 50, d, seed=d + lq, device="cuda")
+    kv_lens, res_lens = [1024, 700], [50, 3]
+    q = torch.randn(2, 2 * group, lq, d, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    out = kcuda.decode_attention(q.cuda(), kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=32)
+    ref = attention_f64(q, kv, d**-0.5, kv_lens, res_lens)
+    err, budget = relative_error(out, ref), relative_error(attention_bf16(q, kv, d**-0.5, kv_lens, res_lens), ref)
+    assert err <= 2 * budget, f"kernel error {err:.2e} > 2 x bf16 error {budget:.2e}"
+
+
+@needs_gpu
+def test_read_floor_reads_every_byte():
+    # Both floor kernels (quant/kernels/floor.py: loads into registers, cp.async) must stream the whole buffer: a magic
+    # word anywhere, including the last word of a ragged CTA range, reaches the sink; an all-zero buffer and the
+    # empty launch leave it alone.
+    mod = kcuda.load(128)
+    magic = 0x9E3779B9 - 2**32  # as int32
+    sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+    words = 100_003  # 16-byte words, not a multiple of the CTA count
+    buf = torch.zeros(4 * words, dtype=torch.int32, device="cuda")
+    for pos in (0, 4_321, words - 1):
+        for async_ in (False, True):
+            buf.zero_(), sink.zero_()
+            buf[4 * pos + 2] = magic
+            mod.read_floor(buf, sink, 264, 128, async_)
+            assert sink.item() == magic, (pos, async_)
+    buf.zero_(), sink.zero_()
+    mod.read_floor(buf, sink, 132, 256, True)
+    mod.empty_launch(sink, 264, 128, mod.decode_smem_bytes)
+    assert sink.item() == 0
+    with pytest.raises(RuntimeError, match="16-byte"):
+        mod.read_floor(buf[:5], sink, 8, 128, False)
+    with pytest.raises(RuntimeError, match="read_floor launch"):  # the cp.async ring holds 256 threads at most
+        mod.read_floor(buf, sink, 8, 512, True)
+
+
+@needs_gpu
 @pytest.mark.parametrize("rotate,token_norm", [(False, False), (False, True), (True, True)])
 def test_cuda_pack_matches_reference(rotate, token_norm):
     g = torch.Generator().manual_seed(13)

@@ -14,6 +14,9 @@ constexpr int kMaxSplits = 1024;  // split-KV partials per (b, kv head), residua
 #ifndef OSCAR_STAGES
 #define OSCAR_STAGES 4  // an experiment's build flag (OSCAR_KERNEL_FLAGS, quant/kernels/cuda.py)
 #endif
+#ifndef OSCAR_EVICT_FIRST
+#define OSCAR_EVICT_FIRST 1  // stream the cache with an L2 evict-first policy (0: normal, for A/B; run 38)
+#endif
 constexpr int kStages = OSCAR_STAGES;  // cp.async pipeline depth per warp (32-token groups in flight)
 
 // D = A(16x16, row) * B(16x8, col) + D; f16 inputs, f32 accumulators (mma.sync, sm_80+).
@@ -158,6 +161,17 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
 // 16 bytes, or 16 zero bytes when !full (nothing is read then; src must still be a valid address).
 __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool full) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(full ? 16 : 0));
+}
+
+// The same copy with an L2 eviction-priority policy (createpolicy), e.g. evict_first for data read once.
+__device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(policy));
+}
+
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

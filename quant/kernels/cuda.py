@@ -20,7 +20,8 @@ from quant.packed import PackedKV, QTensor
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = ("oscar_bindings.cu", "include/oscar_common.cuh", "include/oscar_layout.cuh", "include/oscar_decode.cuh",
-           "include/oscar_decode_impl.cuh", "include/oscar_combine.cuh", "include/oscar_pack.cuh")
+           "include/oscar_decode_impl.cuh", "include/oscar_combine.cuh", "include/oscar_pack.cuh",
+           "include/oscar_floor.cuh")
 
 
 def cache_dir() -> Path:

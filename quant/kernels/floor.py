@@ -1,0 +1,122 @@
+"""The decode kernel's floors: what any kernel pays, on this GPU and timed the same way, to stream the bytes one
+decode step must read and to launch a grid of the decode's shape. They bound the speedup a decode kernel can
+reach over a BF16 baseline (`ceiling = BF16 time / read floor`) before any of its own work is counted.
+
+    python3 -m quant.kernels.floor --points 1x131072,16x32768,64x4096 --out floor.json
+
+The read floor streams a buffer of exactly the step's packed bytes (random data) once, 16-byte words, 8 in flight
+per thread, each CTA a contiguous range, at several CTA counts (2-8 per SM of 128 threads, 2 and 4 of 256), two
+ways: non-caching loads into registers, and the decode's path (cp.async into shared memory with the L2
+evict-first policy); the best is the floor. The launch floor is an empty grid of the decode's planned CTA count with
+its shared memory. Both are CUDA-graph replays timed after do_bench's zero-fill flush (dirty L2) and after a
+read-only flush (clean), like the decode in `oscar-eval bench` (harness/bench.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+CTAS_PER_SM = (2, 4, 8)
+
+
+def _sink(device) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def read_floor(nbytes: int, device="cuda", ctas_per_sm=CTAS_PER_SM) -> dict:
+    """Best time (us) to stream `nbytes` (rounded up to 16) once: {"read_us", "read_clean_us", "read_config",
+    "read_all": [[ctas, threads, async, dirty, clean], ...]}. Each CTA count runs with plain non-caching loads into
+    registers and with the decode kernel's path, cp.async into shared memory under the L2 evict-first policy
+    (which, after a dirty flush, keeps the dirty lines from being written back during the read)."""
+    from harness.bench import _graph_us
+    from quant.kernels import cuda
+    from quant.kernels.common import num_sms
+
+    mod = cuda.load(128)
+    words = -(-nbytes // 16)
+    buf = torch.randint(-2**31, 2**31 - 1, (4 * words,), dtype=torch.int32, device=device)
+    sink = _sink(device)
+    sms = num_sms(torch.device(device))
+    configs = [(sms * c, 128) for c in ctas_per_sm] + [(sms * 2, 256), (sms * 4, 256)]
+    rows = []
+    for ctas, threads in configs:
+        for async_ in (False, True):
+            def fn(ctas=ctas, threads=threads, async_=async_):
+                mod.read_floor(buf, sink, ctas, threads, async_)
+            rows.append([ctas, threads, async_, _graph_us(fn), _graph_us(fn, clean=True)])
+    inf = float("inf")
+    best = min(rows, key=lambda r: r[4] if isinstance(r[4], float) else inf)
+    best_dirty = min(rows, key=lambda r: r[3] if isinstance(r[3], float) else inf)
+    name = lambda r: f"{r[0]} CTAs x {r[1]} {'cp.async evict-first' if r[2] else 'ld.global.nc'}"  # noqa: E731
+    return {"read_us": best_dirty[3], "read_clean_us": best[4], "read_config": name(best),
+            "read_dirty_config": name(best_dirty), "read_all": rows}
+
+
+def launch_floor(ctas: int, device="cuda") -> dict:
+    """Time (us) of an empty grid of `ctas` 128-thread CTAs with the decode kernel's shared memory."""
+    from harness.bench import _graph_us
+    from quant.kernels import cuda
+
+    mod = cuda.load(128)
+    sink = _sink(device)
+
+    def fn():
+        mod.empty_launch(sink, ctas, 128, mod.decode_smem_bytes)
+    fn()
+    return {"launch_us": _graph_us(fn), "launch_clean_us": _graph_us(fn, clean=True), "launch_ctas": ctas}
+
+
+def planned_ctas(q, kv, min_blocks: int = 3) -> int:
+    """CTAs of the decode's planned launch for these inputs."""
+    from quant.kernels import cuda
+    from quant.kernels.common import num_sms, prepare_decode
+
+    x = prepare_decode(q, kv, rotate_query=False, order="frag")
+    rows = x.batch * x.kv_heads
+    _, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual)
+    return (splits + 1 if window else max(splits, 1)) * rows
+
+
+def floor_point(nbytes: int, ctas: int, device="cuda") -> dict:
+    """Both floors of one decode step, keys prefixed "floor_" (as `oscar-eval bench` records them)."""
+    return {f"floor_{k}": v for k, v in {**read_floor(nbytes, device), **launch_floor(ctas, device)}.items()}
+
+
+def main() -> None:
+    from harness.bench import copy_bandwidth
+    from quant.kernels.common import bytes_read
+    from quant.kernels.sweep_splits import SHAPES, inputs, time_plan
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES))
+    p.add_argument("--points", default="1x4096,1x32768,1x131072,16x32768,64x4096")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + written)")
+    rows = []
+    for point in a.points.split(","):
+        b, ctx = (int(v) for v in point.lower().split("x"))
+        q, kv = inputs(a.shape, b, ctx)
+        nbytes = bytes_read(kv)
+        r = {"shape": a.shape, "batch": b, "context": ctx, "bytes": nbytes, **floor_point(nbytes, planned_ctas(q, kv))}
+        dec = time_plan(q, kv, None)
+        r.update(decode_us=dec["flushed_us"], decode_clean_us=dec["clean_us"])
+        r["floor_read_bw_Bps"] = nbytes / (r["floor_read_clean_us"] * 1e-6)
+        rows.append(r)
+        print(f"{a.shape} {b:>3}x{ctx:<6} {nbytes / 1e6:8.1f} MB  read floor {r['floor_read_us']:7.1f} / "
+              f"{r['floor_read_clean_us']:7.1f} us ({r['floor_read_bw_Bps'] / 1e12:.2f} TB/s clean, "
+              f"{r['floor_read_config']})  launch {r['floor_launch_us']:5.1f} / {r['floor_launch_clean_us']:5.1f} us "
+              f"({r['floor_launch_ctas']} CTAs)  decode {r['decode_us']:7.1f} / {r['decode_clean_us']:7.1f} us",
+              flush=True)
+        del q, kv
+        torch.cuda.empty_cache()
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "copy_bandwidth_Bps": bw, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

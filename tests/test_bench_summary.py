@@ -1,0 +1,30 @@
+"""harness.bench's per-point summary: speedups against the best BF16 and the ceiling set by the read floor."""
+from __future__ import annotations
+
+import pytest
+
+from harness.bench import _kernel_line, summarize
+
+
+def test_summary_gives_the_ceiling_the_read_floor_allows():
+    row = {"shape": "qwen3-8b", "batch": 1, "context": 131072, "sdpa_flash": 230.0, "sdpa_cudnn": 194.0,
+           "sdpa_cudnn_clean": 184.0, "oscar_bytes": 101.9e6, "oscar_cuda_us": 60.0, "oscar_cuda_graph_us": 58.0,
+           "oscar_cuda_graph_clean_us": 48.6, "floor_read_us": 45.0, "floor_read_clean_us": 37.0,
+           "pack_block128_us": 12.8, "pack_prefill_us": 100.0, "pack_prefill_bytes": 1.5e8}
+    s = summarize(row, 3.0e12)
+    assert s["best_bf16"] == "sdpa_cudnn"
+    assert s["speedup_cuda_graph"] == pytest.approx(194.0 / 58.0)
+    assert s["speedup_cuda_graph_clean"] == pytest.approx(184.0 / 48.6)  # clean against clean
+    assert s["ceiling_speedup"] == pytest.approx(194.0 / 45.0)
+    assert s["ceiling_speedup_clean"] == pytest.approx(184.0 / 37.0)
+    assert s["pack_step_frac_of_cuda_attention"] == pytest.approx(0.1 / 60.0)
+    line = _kernel_line({**row, **s})
+    assert "read floor 45.0 / 37.0 ceiling x4.31 / x4.97" in line
+
+
+def test_summary_without_floor_has_no_ceiling():
+    row = {"shape": "qwen3-8b", "batch": 1, "context": 4096, "sdpa_cudnn": 19.0, "oscar_bytes": 3e6,
+           "oscar_triton_us": 30.0, "pack_block128_us": 12.8, "pack_prefill_us": 10.0, "pack_prefill_bytes": 1e7}
+    s = summarize(row, 3.0e12)
+    assert "ceiling_speedup" not in s and s["speedup_triton"] == pytest.approx(19.0 / 30.0)
+    assert "read floor" not in _kernel_line({**row, **s})
