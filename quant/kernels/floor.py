@@ -1,6 +1,7 @@
 """The decode kernel's floors: what any kernel pays, on this GPU and timed the same way, to stream the bytes one
-decode step must read and to launch a grid of the decode's shape. They bound the speedup a decode kernel can
-reach over a BF16 baseline (`ceiling = BF16 time / read floor`) before any of its own work is counted.
+decode step must read and to launch a grid of the decode's shape. They estimate the speedup a decode kernel can
+reach over a BF16 baseline (`ceiling = BF16 time / read floor`) before any of its own work is counted. An estimate,
+not a proof: a better streaming kernel may exist (at 16x32K after the dirty flush the decode matched the floor).
 
     python3 -m quant.kernels.floor --points 1x131072,16x32768,64x4096 --out floor.json
 
@@ -28,8 +29,7 @@ def _sink(device) -> torch.Tensor:
 def read_floor(nbytes: int, device="cuda", ctas_per_sm=CTAS_PER_SM) -> dict:
     """Best time (us) to stream `nbytes` (rounded up to 16) once: {"read_us", "read_clean_us", "read_config",
     "read_all": [[ctas, threads, async, dirty, clean], ...]}. Each CTA count runs with plain non-caching loads into
-    registers and with the decode kernel's path, cp.async into shared memory under the L2 evict-first policy
-    (which, after a dirty flush, keeps the dirty lines from being written back during the read)."""
+    registers and with the decode kernel's path, cp.async into shared memory under the L2 evict-first policy."""
     from harness.bench import _graph_us
     from quant.kernels import cuda
     from quant.kernels.common import num_sms
