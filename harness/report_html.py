@@ -125,30 +125,43 @@ def published_plot(bench: dict[str, Any]) -> str:
     return png(fig)
 
 
+def latest_run(rows: list[dict[str, Any]]) -> str | None:
+    """The newest run folder among bench rows: the largest number in its name (h100-run39 after h100-run36)."""
+    import re
+
+    runs = {r.get("run") for r in rows if r.get("run")}
+    key = lambda run: [int(n) for n in re.findall(r"\d+", run)][-1:] or [-1]  # noqa: E731
+    return max(runs, key=lambda run: (key(run), run)) if runs else None
+
+
 def speed_plot(rows: list[dict[str, Any]]) -> str | None:
-    """Time vs context per variant, when bench rows carry (variant|name, context, time_us|median_us)."""
+    """Time vs context per variant at batch 1, Qwen3-8B shape, newest run only (the tables hold the others), when
+    bench rows carry (variant|name, context, time_us|median_us)."""
     import matplotlib.pyplot as plt
 
     def get(row, *keys):
         return next((row[k] for k in keys if k in row), None)
 
+    rows = [r for r in rows if r.get("shape") in (None, "qwen3-8b") and r.get("batch", 1) == 1]
+    run = latest_run(rows)
+    rows = [r for r in rows if run is None or r.get("run") == run]
     series: dict[str, list[tuple[float, float]]] = {}
-    rows = [r for r in rows if r.get("shape") in (None, "qwen3-8b")]  # one model shape per picture
     for row in rows:
         name, ctx, t = get(row, "variant", "name", "method"), get(row, "context", "seq_len"), get(row, "time_us", "median_us")
         if name is not None and isinstance(ctx, (int, float)) and isinstance(t, (int, float)):
-            label = f"{row.get('run', '')} {name} b{row['batch']}" if "batch" in row else str(name)
-            series.setdefault(label, []).append((ctx, t))
+            series.setdefault(str(name), []).append((ctx, t))
     if not series:
         return None
-    fig, ax = plt.subplots(figsize=(11, 3.8))
+    fig, ax = plt.subplots(figsize=(11, 4.2))
     for label, pts in sorted(series.items()):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+        style = "s--" if "floor" in label else "o-"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
     ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="time (us)",
-           title="make bench: decode attention, Qwen3-8B shape (32 q / 8 kv heads, d=128)")
-    ax.legend(fontsize=7, ncol=3)
+           title=f"make bench{' ' + run if run else ''}: decode attention at batch 1, Qwen3-8B shape (32 q / 8 kv heads)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
+    fig.tight_layout()
     return png(fig)
 
 

@@ -64,10 +64,13 @@ def test_bench_rows_are_read_and_plotted(workdir):
     """harness.bench's JSON (one file per run folder) becomes one row per variant and point."""
     Path("results/bench/h100-a").mkdir(parents=True)
     kernels = [{"shape": "qwen3-8b", "batch": 1, "context": c, "sdpa_cudnn": 2.0 * c / 100, "oscar_cuda_us": c / 100,
-                "speedup_cuda": 2.0} for c in (4096, 32768)]
+                "speedup_cuda": 2.0, "floor_read_us": c / 200, "floor_read_config": "264 CTAs x 128"}
+               for c in (4096, 32768)]
     Path("results/bench/h100-a/bench.json").write_text(json.dumps({"environment": {"device": "NVIDIA H100"}, "kernels": kernels}))
     rows = L.load_bench(Path("results/bench"))
-    assert len(rows) == 4
-    assert {(r["variant"], r["context"], r["time_us"]) for r in rows} >= {("OScaR INT2 CUDA", 4096, 40.96), ("BF16 SDPA cuDNN", 32768, 655.36)}
+    assert len(rows) == 6  # cuDNN, OScaR and the read floor at two contexts; the floor's config is not a time
+    assert {(r["variant"], r["context"], r["time_us"]) for r in rows} >= {
+        ("OScaR INT2 CUDA", 4096, 40.96), ("BF16 SDPA cuDNN", 32768, 655.36), ("read floor (bare stream)", 4096, 20.48)}
     assert all(r["run"] == "h100-a" and r["device"] == "NVIDIA H100" for r in rows)
     assert report_html.speed_plot(rows).startswith("data:image/png;base64,")
+    assert report_html.latest_run([{"run": "h100-run9"}, {"run": "h100-run39"}, {"run": "h100-run36"}]) == "h100-run39"
