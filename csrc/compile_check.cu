@@ -3,10 +3,10 @@
 #include "include/oscar_decode.cuh"
 #include "include/oscar_pack.cuh"
 
-template cudaError_t oscar::launch_decode<64, __half>(const oscar::DecodeParams&, int, cudaStream_t, int);
-template cudaError_t oscar::launch_decode<64, __nv_bfloat16>(const oscar::DecodeParams&, int, cudaStream_t, int);
-template cudaError_t oscar::launch_decode<128, __half>(const oscar::DecodeParams&, int, cudaStream_t, int);
-template cudaError_t oscar::launch_decode<128, __nv_bfloat16>(const oscar::DecodeParams&, int, cudaStream_t, int);
+template cudaError_t oscar::launch_decode<64, __half>(const oscar::DecodeParams&, int, cudaStream_t);
+template cudaError_t oscar::launch_decode<64, __nv_bfloat16>(const oscar::DecodeParams&, int, cudaStream_t);
+template cudaError_t oscar::launch_decode<128, __half>(const oscar::DecodeParams&, int, cudaStream_t);
+template cudaError_t oscar::launch_decode<128, __nv_bfloat16>(const oscar::DecodeParams&, int, cudaStream_t);
 template cudaError_t oscar::launch_pack<64, __half>(const oscar::PackParams&, int, cudaStream_t);
 template cudaError_t oscar::launch_pack<64, __nv_bfloat16>(const oscar::PackParams&, int, cudaStream_t);
 template cudaError_t oscar::launch_pack<64, float>(const oscar::PackParams&, int, cudaStream_t);

@@ -31,7 +31,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                      torch::Tensor v_res, torch::Tensor kv_lens, torch::Tensor res_lens, torch::Tensor counters,
                      int64_t tokens,
                      int64_t num_splits, int64_t split_tokens, double scaling, bool rotate, bool window_cta,
-                     torch::Tensor trace, int64_t stream_ctas, int64_t row_units) {
+                     torch::Tensor trace) {
   TORCH_CHECK(q.dim() == 4 && q.size(3) == D, "q must be [B, Hq, Lq, ", D, "]");
   const auto dt = q.scalar_type();
   TORCH_CHECK(dt == torch::kHalf || dt == torch::kBFloat16, "q must be fp16 or bf16");
@@ -55,10 +55,6 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
   TORCH_CHECK(tokens % 32 == 0 && split_tokens % 32 == 0, "tokens and split_tokens must be multiples of 32");
   TORCH_CHECK(num_splits + 1 <= oscar::kMaxSplits, "too many splits: ", num_splits);
   TORCH_CHECK(counters.numel() >= b * hkv, "counters must hold a zeroed int32 per (batch, kv head)");
-  if (stream_ctas > 0)  // quant/kernels/cuda.py stream_plan
-    TORCH_CHECK(row_units > 0 && tokens > 0 && b * hkv * row_units < (int64_t{1} << 31) && stream_ctas <= b * hkv * row_units,
-                "stream mode needs packed tokens, row_units > 0, rows * row_units < 2^31 and at most one CTA per unit "
-                "(got row_units ", row_units, ", ", stream_ctas, " CTAs)");
   const c10::cuda::CUDAGuard guard(q.device());
   auto f32 = q.options().dtype(torch::kFloat32);
   auto part_o = torch::empty({b * hkv, num_splits + 1, group * lq, D}, f32);
@@ -73,19 +69,15 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                         counters.data_ptr<int32_t>(), out.data_ptr(), static_cast<int>(hkv), static_cast<int>(group), static_cast<int>(lq),
                         static_cast<int>(tokens), static_cast<int>(num_splits), static_cast<int>(split_tokens),
                         static_cast<float>(scaling * 1.4426950408889634), rotate, window_cta, nullptr};
-  p.rows = static_cast<int>(b * hkv), p.row_units = static_cast<int>(row_units);
   if (trace.numel() > 0) {  // diagnostics: per CTA kTraceSlots u64 (quant/kernels/sweep_splits.py)
-    const int64_t ctas = stream_ctas > 0 ? stream_ctas : (num_splits + 1) * b * hkv;
     TORCH_CHECK(trace.scalar_type() == torch::kInt64 && trace.is_cuda() && trace.is_contiguous() &&
-                    trace.numel() >= ctas * oscar::kTraceSlots,
-                "trace must be a contiguous int64 CUDA tensor of (splits + 1) * B * Hkv (stream: CTAs) * ",
-                oscar::kTraceSlots);
+                    trace.numel() >= (num_splits + 1) * b * hkv * oscar::kTraceSlots,
+                "trace must be a contiguous int64 CUDA tensor of (splits + 1) * B * Hkv * ", oscar::kTraceSlots);
     p.trace = reinterpret_cast<unsigned long long*>(trace.data_ptr<int64_t>());
   }
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const int sc = static_cast<int>(stream_ctas);
-  const cudaError_t e = dt == torch::kHalf ? oscar::launch_decode<D, __half>(p, b, stream, sc)
-                                           : oscar::launch_decode<D, __nv_bfloat16>(p, b, stream, sc);
+  const cudaError_t e = dt == torch::kHalf ? oscar::launch_decode<D, __half>(p, b, stream)
+                                           : oscar::launch_decode<D, __nv_bfloat16>(p, b, stream);
   check_cuda(e, "oscar decode launch");
   return out;
 }
@@ -147,11 +139,10 @@ void empty_launch(torch::Tensor sink, int64_t ctas, int64_t threads, int64_t sme
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode", &decode, "OScaR split-KV (or stream) decode attention over the packed INT2 cache (frag code order)");
+  m.def("decode", &decode, "OScaR split-KV decode attention over the packed INT2 cache (frag code order)");
   m.def("pack", &pack, "OScaR rotate + token norm + INT2 quantize + pack of a block of K, V");
   m.def("read_floor", &read_floor, "stream a buffer once (the decode's byte floor, quant/kernels/floor.py)");
   m.def("empty_launch", &empty_launch, "launch empty CTAs (the decode's launch floor)");
   m.attr("head_dim") = D;
   m.attr("decode_smem_bytes") = static_cast<int64_t>(sizeof(oscar::DecodeSmem<D, 1>));  // <= 8 query rows
-  m.attr("stream_smem_bytes") = static_cast<int64_t>(sizeof(oscar::StreamSmem<D, 1>));
 }

@@ -43,10 +43,6 @@ struct DecodeParams {
   bool window_cta;   // the window has its own CTA, blockIdx.x 0 (scheduled first); else it is folded into the
                      // last split's CTA
   unsigned long long* trace;  // diagnostics, usually null: per CTA [6] %globaltimer stamps + SM id (kTraceSlots)
-  // Stream mode (row_units > 0, decode_stream_kernel): `rows` = B * Hkv rows of row_units units each (a row's
-  // tokens / 32 groups, then its window's weight in groups) laid end to end over gridDim.x persistent CTAs;
-  // num_splits is then the most CTAs one row spans (the partials' slots per row, the window's is num_splits).
-  int rows, row_units;
 };
 
 constexpr int kTraceSlots = 8;

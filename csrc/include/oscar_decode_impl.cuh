@@ -19,25 +19,6 @@ struct DecodeSmem {
   int last;  // this CTA merges the splits (oscar_combine.cuh)
 };
 
-// The stream kernel's: the warps' final O sits beside the stages, so a row's partial is written and merged while
-// the warps' next groups (of the next row) are already in flight. The window tiles alias both: a CTA attends to
-// its windows before its stream starts. Three CTAs per SM still fit (D = 128, one head tile: 72 KB).
-template <int D, int NT>
-struct StreamSmem {
-  static constexpr int kRows = 8 * NT;
-  union {
-    struct {
-      unsigned char stage[kWarps][kStages][Stage<D>::kBytes];
-      float acc[kWarps][kRows][D];
-    };
-    unsigned char res[kWarps][2 * kGroup * 2 * D];
-  };
-  float q[kRows][D];
-  float m[kWarps][kRows], l[kWarps][kRows];
-  int last;
-};
-static_assert(sizeof(StreamSmem<128, 1>) <= 228 * 1024 / 3 - 1024, "three stream CTAs per SM must fit");
-
 // The query: each thread loads 8 channels of a row with one 16-byte load (query_load), then the rows are rotated
 // by the normalized Hadamard for quantized CTAs (in registers: fwht_lanes) -> shared -> fp16 B fragments in the frag
 // channel order (B = Q^T: k = channels frag_channel(ks, .), n = row 8 nt + g). One barrier.
@@ -285,10 +266,10 @@ __device__ void residual_part(const DecodeParams& p, int b, int h, WarpState<D, 
 }
 
 // Merge the 4 warps' states and write this split's partial (valid rows only).
-template <int D, int NT, class Smem>
-__device__ void write_partial(const DecodeParams& p, int64_t bh, int split, WarpState<D, NT>& w, Smem& sm) {
+template <int D, int NT>
+__device__ void write_partial(const DecodeParams& p, int64_t bh, int split, WarpState<D, NT>& w, DecodeSmem<D, NT>& sm) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  __syncthreads();  // acc aliases the stages (or the window tiles) other warps may still be reading
+  __syncthreads();  // acc aliases the stages other warps may still be reading
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

@@ -88,8 +88,7 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 
 def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None,
                      split_tokens: int | None = None, min_blocks: int = 3, waves: float | None = None,
-                     trace: torch.Tensor | None = None, window_cta: bool | None = None,
-                     stream_ctas: int | None = None) -> torch.Tensor:
+                     trace: torch.Tensor | None = None, window_cta: bool | None = None) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
     Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
@@ -98,10 +97,8 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     per KV head (a specialization); waves: force a split-KV plan of that many waves of the device's resident
     CTAs (SMs * min_blocks) instead of `plan_splits`. window_cta: give the full-precision window its own CTA,
     scheduled first (default: when one wave holds it beside >= 8 splits per row, see `separate_window`), else
-    it is folded into the last split's CTA. stream_ctas: run the stream kernel (`stream_plan`) over that many
-    persistent CTAs; 0: the split kernel; None: the planner's choice (`decode_plan`). trace (diagnostics): an int64
-    CUDA tensor of (splits + 1) * B * Hkv * 8 (stream: CTAs * 8) that receives per-CTA %globaltimer stamps
-    (quant/kernels/sweep_splits.py).
+    it is folded into the last split's CTA. trace (diagnostics): an int64 CUDA tensor of
+    (splits + 1) * B * Hkv * 8 that receives per-CTA %globaltimer stamps (quant/kernels/sweep_splits.py).
     """
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
         raise ValueError("the CUDA kernels rotate with the Sylvester Hadamard; this cache uses another "
@@ -111,19 +108,6 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         raise ValueError(f"(Hq / Hkv) * Lq = {x.group * x.lq} query rows per KV head exceed the 16 rows of one "
                          "tensor-core tile: use backend='triton' or fewer speculative tokens")
     rows = x.batch * x.kv_heads
-    mod = load(x.head_dim, min_blocks=min_blocks)
-    if not all(_aligned(r) for r in (x.k_res, x.v_res)):  # the kernel reads the window with 16-byte loads
-        x.k_res, x.v_res = x.k_res.contiguous(), x.v_res.contiguous()
-    if x.q.data_ptr() % 16:  # and the query with 16-byte loads
-        x.q = x.q.clone()
-    if stream_ctas is None and split_tokens is None and waves is None:
-        stream_ctas = auto_stream_ctas(x.tokens, rows, num_sms(query.device), min_blocks, x.residual)
-    if stream_ctas and x.tokens:
-        ctas, row_units, spans = stream_plan(x.tokens, rows, stream_ctas, x.residual)
-        out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                         _counters(query.device, rows), x.tokens, spans, 32, float(scaling), kv.hadamard is not None,
-                         False, _NO_TRACE[query.device] if trace is None else trace, ctas, row_units)
-        return out.to(query.dtype)
     if split_tokens is None:
         if waves is not None:
             slots = num_sms(query.device) * min_blocks
@@ -139,39 +123,15 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     else:
         splits = -(-x.tokens // split_tokens) if x.tokens else 0
     window_cta = bool(window_cta)
+    mod = load(x.head_dim, min_blocks=min_blocks)
+    if not all(_aligned(r) for r in (x.k_res, x.v_res)):  # the kernel reads the window with 16-byte loads
+        x.k_res, x.v_res = x.k_res.contiguous(), x.v_res.contiguous()
+    if x.q.data_ptr() % 16:  # and the query with 16-byte loads
+        x.q = x.q.clone()
     out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
                      _counters(query.device, rows), x.tokens, splits, split_tokens, float(scaling),
-                     kv.hadamard is not None, window_cta, _NO_TRACE[query.device] if trace is None else trace, 0, 0)
+                     kv.hadamard is not None, window_cta, _NO_TRACE[query.device] if trace is None else trace)
     return out.to(query.dtype)
-
-
-def auto_stream_ctas(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual: int = 0) -> int:
-    """The planner's kernel choice: CTAs of the stream kernel, or 0 for the split kernel (`decode_plan`)."""
-    return 0
-
-
-@functools.lru_cache(maxsize=256)
-def stream_plan(tokens: int, rows: int, ctas: int, residual: int = 0) -> tuple[int, int, int]:
-    """The stream kernel's launch: (ctas, row_units, spans). Each of the `rows` (B x KV heads) is row_units units:
-    its tokens / 32 groups, then its `residual`-token window weighed in groups (WINDOW_TOKEN_WEIGHT); the rows' units
-    laid end to end are cut into `ctas` equal ranges, one per persistent CTA (at most one CTA per unit). spans: the
-    most CTAs one row's units touch, i.e. the partial slots a row needs besides its window's."""
-    if tokens <= 0 or rows <= 0 or ctas <= 0:
-        raise ValueError(f"the stream kernel needs packed tokens, rows and CTAs (got {tokens}, {rows}, {ctas})")
-    row_units = -(-tokens // 32) + round(residual * WINDOW_TOKEN_WEIGHT / 32)
-    total = rows * row_units
-    if total >= 2**31:
-        raise ValueError(f"{rows} rows x {row_units} units overflow the stream kernel's 32-bit unit positions: "
-                         "use stream_ctas=0 (the split kernel)")
-    ctas = min(ctas, total)
-
-    def cta_of(x: int) -> int:  # the CTA whose range [i total / ctas, (i + 1) total / ctas) holds unit x
-        return ((x + 1) * ctas - 1) // total
-
-    spans = max(cta_of(r * row_units + row_units - 1) - cta_of(r * row_units) + 1 for r in range(rows))
-    if spans + 1 > 1024:
-        raise ValueError(f"a row spans {spans} stream CTAs; the merge takes at most 1023: use fewer CTAs")
-    return ctas, row_units, spans
 
 
 # A full-precision window token costs about as much as this many packed ones: its K and V are read as 2 x D 2-byte

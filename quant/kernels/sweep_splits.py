@@ -55,19 +55,14 @@ def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
 
 
 def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | None = None,
-              balance: bool = False, stream_ctas: int = 0) -> dict:
+              balance: bool = False) -> dict:
     """window: the window's own CTA (True), folded into the last split's (False), or the planner's choice;
-    balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally; stream_ctas > 0:
-    the stream kernel over that many CTAs instead (splits and window ignored)."""
+    balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally."""
     import triton.testing
 
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
     slots, rows = num_sms(q.device) * min_blocks, x.batch * x.kv_heads
-    row_units = 0
-    if stream_ctas:
-        stream_ctas, row_units, splits = cuda.stream_plan(x.tokens, rows, stream_ctas, x.residual)
-        split_tokens, window = 32, False
-    elif splits is None:  # the planner's
+    if splits is None:  # the planner's
         split_tokens, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual,
                                                         window)
     else:
@@ -84,7 +79,7 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     def fn():
         return mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
                           counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, window,
-                          cuda._NO_TRACE[q.device], stream_ctas, row_units)
+                          cuda._NO_TRACE[q.device])
 
     one, many = graph_of(fn, 1), graph_of(fn, 20)
     flushed = 1e3 * triton.testing.do_bench(one.replay, warmup=25, rep=200, return_mode="median")
@@ -98,33 +93,25 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     end.record()
     torch.cuda.synchronize()
     warm = 1e3 * start.elapsed_time(end) / 200
-    ctas = stream_ctas or (splits + 1 if window else max(splits, 1)) * rows
+    ctas = (splits + 1 if window else max(splits, 1)) * rows
     return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "ctas": ctas,
-            "stream": bool(stream_ctas), "flushed_us": flushed, "clean_us": clean, "warm_us": warm}
+            "flushed_us": flushed, "clean_us": clean, "warm_us": warm}
 
 
-def trace_plan(q, kv, min_blocks: int = 3, stream_ctas: int | None = None) -> dict:
-    """One launch with per-CTA stamps (the planner's; stream_ctas: the stream kernel's over that many CTAs, 0: the
-    split kernel's); returns the phase summary (us) and the raw stamps. A stream CTA stamps its first query, the end
-    of its last segment's loop, its last arrival, and the merge only if that last row's merge fell to it."""
+def trace_plan(q, kv, min_blocks: int = 3) -> dict:
+    """One planned launch with per-CTA stamps; returns the phase summary (us) and the raw stamps."""
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
     rows = x.batch * x.kv_heads
-    if stream_ctas is None:
-        stream_ctas = cuda.auto_stream_ctas(x.tokens, rows, num_sms(q.device), min_blocks, x.residual)
-    if stream_ctas:
-        ctas, _, splits = cuda.stream_plan(x.tokens, rows, stream_ctas, x.residual)
-        window, size = False, ctas * 8
-    else:
-        _, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual)
-        ctas = (splits + 1 if window else max(splits, 1)) * rows
-        size = (splits + 1) * rows * 8  # the binding asks for (splits + 1) rows of stamps per (b, kv head)
-    trace = torch.zeros(size, dtype=torch.int64, device=q.device)
+    _, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual)
+    ctas = (splits + 1 if window else max(splits, 1)) * rows
+    # the binding asks for (splits + 1) rows of stamps per (b, kv head) whatever the window's placement
+    trace = torch.zeros((splits + 1) * rows * 8, dtype=torch.int64, device=q.device)
     for _ in range(3):  # warm, then the traced launch is the last
         trace.zero_()
-        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, min_blocks=min_blocks, stream_ctas=stream_ctas)
+        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, min_blocks=min_blocks)
     torch.cuda.synchronize()
     stamps = trace[:ctas * 8].view(ctas, 8).cpu()
-    return {"ctas": ctas, "splits": splits, "window_cta": window, "stream": bool(stream_ctas), **summarize_trace(stamps),
+    return {"ctas": ctas, "splits": splits, "window_cta": window, **summarize_trace(stamps),
             "stamps": stamps.tolist() if ctas <= 512 else None}
 
 
@@ -154,13 +141,6 @@ def summarize_trace(stamps: torch.Tensor) -> dict:
             "end_us": round(float(ends.max()), 2)}
 
 
-def _print_time(shape: str, b: int, ctx: int, r: dict) -> None:
-    kind = f"stream {r['ctas']:>5} CTAs ({r['splits']:>3} spans) " if r.get("stream") else (
-        f"splits {r['splits']:>4} ({r['split_tokens']:>6} tok, {r['ctas']:>5} CTAs)")
-    print(f"{shape} {b:>3}x{ctx:<6} {kind}{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us  "
-          f"clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES))
@@ -172,9 +152,7 @@ def main() -> None:
                    help="the window's placement: the planner's choice, its own CTA, or in the last split's CTA")
     p.add_argument("--balance", action="store_true",
                    help="size the --splits counts like the planner (a folded window weighed in), not equally")
-    p.add_argument("--stream", default="", help="CTA counts of the stream kernel to time besides (e.g. 264,396)")
-    p.add_argument("--trace", action="store_true",
-                   help="per-CTA timeline of the planned launch (and of the first --stream count)")
+    p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     window = {"auto": None, "cta": True, "folded": False}[a.window]
@@ -188,21 +166,16 @@ def main() -> None:
             r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
                  **time_plan(q, kv, s, a.min_blocks, window, a.balance)}
             rows.append(r)
-            _print_time(a.shape, b, ctx, r)
-        streams = [int(v) for v in a.stream.split(",") if v]
-        for n in streams:
-            r = {"shape": a.shape, "batch": b, "context": ctx, "planned": False,
-                 **time_plan(q, kv, None, a.min_blocks, stream_ctas=n)}
-            rows.append(r)
-            _print_time(a.shape, b, ctx, r)
+            print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, {r['ctas']:>5} CTAs)"
+                  f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us  clean-L2 "
+                  f"{r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
         if a.trace:
-            for n in [None] + streams[:1]:
-                tr = trace_plan(q, kv, a.min_blocks, n)
-                rows.append({"shape": a.shape, "batch": b, "context": ctx, "trace": tr})
-                print(f"  trace {'stream ' if tr['stream'] else ''}{tr['ctas']} CTAs on {tr['sms_used']} SMs (us, "
-                      f"min/median/p90/max): start {tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} partial "
-                      f"{tr['partial_us']} window {tr['window_us']} cta end {tr['cta_end_us']} merge {tr['merge_us']} "
-                      f"(loads {tr['merge_loads_us']}) tail {tr['tail_us']} last end {tr['end_us']:.2f}", flush=True)
+            tr = trace_plan(q, kv, a.min_blocks)
+            rows.append({"shape": a.shape, "batch": b, "context": ctx, "trace": tr})
+            print(f"  trace {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, min/median/p90/max): start {tr['start_us']} "
+                  f"query {tr['query_us']} loop {tr['loop_us']} partial {tr['partial_us']} window {tr['window_us']} "
+                  f"cta end {tr['cta_end_us']} merge {tr['merge_us']} (loads {tr['merge_loads_us']}) tail {tr['tail_us']} "
+                  f"last end {tr['end_us']:.2f}", flush=True)
         del q, kv
         torch.cuda.empty_cache()
     if a.out:
