@@ -275,11 +275,12 @@ def qwen3_8b_config():
 
 def build_model(cfg):
     """Random-weight bf16 model on the GPU, attention through quant.kernels.hf_decode.packed_attention,
-    RMSNorms through quant.kernels.triton_norm (unless OSCAR_FUSED_NORM=0)."""
+    RMSNorms through quant.kernels.triton_norm (unless OSCAR_FUSED_NORM=0), RoPE through quant.kernels.triton_rope
+    (unless OSCAR_FUSED_ROPE=0)."""
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from quant.kernels import triton_norm
+    from quant.kernels import triton_norm, triton_rope
     from quant.kernels.hf_decode import register
 
     name = register()
@@ -294,6 +295,8 @@ def build_model(cfg):
     model.config._attn_implementation = name
     if triton_norm.enabled():  # one kernel per norm instead of ~7; the BF16 and OScaR runs share the model
         triton_norm.fuse_rms_norms(model)
+    if triton_rope.enabled():  # one kernel per layer instead of ten, transformers' bits
+        triton_rope.fuse_rotary(model)
     return model
 
 
@@ -406,13 +409,14 @@ def environment() -> dict:
     import transformers
     import triton
 
-    from quant.kernels import triton_norm
+    from quant.kernels import triton_norm, triton_rope
 
     p = torch.cuda.get_device_properties(0)
     return {"device": p.name, "sms": p.multi_processor_count, "memory_bytes": p.total_memory,
             "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
-            "fused_norm": triton_norm.enabled()}  # the e2e model's RMSNorms (OSCAR_FUSED_NORM)
+            "fused_norm": triton_norm.enabled(),  # the e2e model's RMSNorms (OSCAR_FUSED_NORM)
+            "fused_rope": triton_rope.enabled()}  # and its RoPE (OSCAR_FUSED_ROPE)
 
 
 def main(args) -> int:

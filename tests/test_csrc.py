@@ -228,6 +228,7 @@ def test_e2e_profile_groups_kernels_by_kind():
     assert kind_of("nvjet_hsh_128x64_64x4_1x2_h_bz_NNT") == "gemm"
     assert kind_of("void oscar::pack_kernel<128, __nv_bfloat16>(oscar::PackParams)") == "pack"
     assert kind_of("rms_norm_kernel") == "norm"  # the fused RMSNorm (Triton), not the pack
+    assert kind_of("rope_kernel") == "rope"  # the fused RoPE (Triton)
     assert kind_of("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"
     events = [("nvjet_a", 30.0), ("nvjet_a", 30.0), ("elementwise_x", 2.0), ("elementwise_x", 2.0),
               ("oscar::decode_split_kernel", 10.0), ("nvjet_a", 30.0), ("elementwise_x", 2.0)]

@@ -17,6 +17,7 @@ KINDS = (  # first match wins (lower-case substrings of the kernel name)
     ("attention", ("decode_split", "flash", "fmha", "cudnn", "sdpa", "attn", "attention")),
     ("pack", ("oscar::pack_kernel",)),
     ("norm", ("rms_norm_kernel",)),  # quant/kernels/triton_norm.py
+    ("rope", ("rope_kernel",)),  # quant/kernels/triton_rope.py
     ("gemm", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk")),
 )
 
