@@ -14,3 +14,6 @@ template cudaError_t oscar::launch_pack<128, __half>(const oscar::PackParams&, i
 template cudaError_t oscar::launch_pack<128, __nv_bfloat16>(const oscar::PackParams&, int, cudaStream_t);
 template cudaError_t oscar::launch_pack<128, float>(const oscar::PackParams&, int, cudaStream_t);
 #include "include/oscar_floor.cuh"
+#include "include/oscar_gemv.cuh"
+template cudaError_t oscar::launch_gemv<__half>(const oscar::GemvParams&, int, bool, cudaStream_t);
+template cudaError_t oscar::launch_gemv<__nv_bfloat16>(const oscar::GemvParams&, int, bool, cudaStream_t);

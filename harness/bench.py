@@ -276,11 +276,12 @@ def qwen3_8b_config():
 def build_model(cfg):
     """Random-weight bf16 model on the GPU, attention through quant.kernels.hf_decode.packed_attention,
     RMSNorms through quant.kernels.triton_norm (unless OSCAR_FUSED_NORM=0), RoPE through quant.kernels.triton_rope
-    (unless OSCAR_FUSED_ROPE=0)."""
+    (unless OSCAR_FUSED_ROPE=0), decode-sized linear layers through quant.kernels.fused_linear (unless
+    OSCAR_FUSED_LINEAR=0)."""
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from quant.kernels import triton_norm, triton_rope
+    from quant.kernels import fused_linear, triton_norm, triton_rope
     from quant.kernels.hf_decode import register
 
     name = register()
@@ -297,6 +298,8 @@ def build_model(cfg):
         triton_norm.fuse_rms_norms(model)
     if triton_rope.enabled():  # one kernel per layer instead of ten, transformers' bits
         triton_rope.fuse_rotary(model)
+    if fused_linear.enabled():  # projections as one-pass GEMVs, the MLP's gate/up/SiLU/multiply as one launch
+        fused_linear.fuse_linears(model)
     return model
 
 
@@ -409,14 +412,15 @@ def environment() -> dict:
     import transformers
     import triton
 
-    from quant.kernels import triton_norm, triton_rope
+    from quant.kernels import fused_linear, triton_norm, triton_rope
 
     p = torch.cuda.get_device_properties(0)
     return {"device": p.name, "sms": p.multi_processor_count, "memory_bytes": p.total_memory,
             "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "fused_norm": triton_norm.enabled(),  # the e2e model's RMSNorms (OSCAR_FUSED_NORM)
-            "fused_rope": triton_rope.enabled()}  # and its RoPE (OSCAR_FUSED_ROPE)
+            "fused_rope": triton_rope.enabled(),  # its RoPE (OSCAR_FUSED_ROPE)
+            "fused_linear": fused_linear.enabled()}  # and its decode-time linear layers (OSCAR_FUSED_LINEAR)
 
 
 def main(args) -> int:

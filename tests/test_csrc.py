@@ -27,7 +27,7 @@ def test_sources_compile_for_sm90a(tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
     assert (tmp_path / "check.o").stat().st_size > 0
-    for kernel in ("decode_split_kernel", "pack_kernel"):
+    for kernel in ("decode_split_kernel", "pack_kernel", "gemv_kernel"):
         assert kernel in res.stderr, f"{kernel} was not compiled"
 
 

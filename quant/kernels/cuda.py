@@ -1,5 +1,8 @@
 """Loader and launchers for the CUDA kernels in csrc/ (built on demand, cached).
 
+The attention and pack kernels build per head dim (`load`); the decode-time linear layers once (`load_linear`,
+used by quant/kernels/fused_linear.py).
+
 `load(head_dim)` compiles csrc/oscar_bindings.cu through torch.utils.cpp_extension.load for one
 specialization (head dim, target arch, register budget) under a deterministic name that includes a
 hash of the sources and flags, in a cache directory (OSCAR_KERNEL_CACHE, else
@@ -69,6 +72,28 @@ def load(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: b
     build.mkdir(parents=True, exist_ok=True)
     return cpp_load(name=name, sources=[str(CSRC / "oscar_bindings.cu")], extra_cuda_cflags=build_flags(
         head_dim, arch, min_blocks), extra_include_paths=[str(CSRC)], build_directory=str(build), verbose=verbose)
+
+
+LINEAR_SOURCES = ("linear_bindings.cu", "include/oscar_gemv.cuh")
+
+
+@functools.lru_cache(maxsize=None)
+def load_linear(arch: str | None = None, verbose: bool = False):
+    """Build (or reuse) and import the decode-time linear kernels (csrc/linear_bindings.cu, include/oscar_gemv.cuh):
+    one build per target arch, named oscar_linear_sm{arch}_{hash of sources and flags}, in `cache_dir()`."""
+    from torch.utils.cpp_extension import load as cpp_load
+
+    arch = arch or target_arch()
+    flags = ["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-lineinfo"]
+    h = hashlib.sha256()
+    for rel in LINEAR_SOURCES:
+        h.update((CSRC / rel).read_bytes())
+    h.update(" ".join(flags).encode())
+    name = f"oscar_linear_sm{arch}_{h.hexdigest()[:12]}"
+    build = cache_dir() / name
+    build.mkdir(parents=True, exist_ok=True)
+    return cpp_load(name=name, sources=[str(CSRC / "linear_bindings.cu")], extra_cuda_cflags=flags,
+                    extra_include_paths=[str(CSRC)], build_directory=str(build), verbose=verbose)
 
 
 _SYLVESTER_CHECKED: dict[tuple[int, int], bool] = {}
