@@ -43,6 +43,16 @@ def test_allow_listed_mlps_have_the_standard_forward():
             assert "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))" in src, f"{family}.{name}"
 
 
+def test_allow_listed_attentions_project_one_input_in_order():
+    for family, names in fused_linear.ATTENTION_CLASSES.items():
+        mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        for name in names:
+            src = inspect.getsource(getattr(mod, name).forward)
+            calls = [src.find(f"self.{p}_proj(hidden_states)") for p in "qkv"]
+            assert -1 < calls[0] < calls[1] < calls[2], f"{family}.{name}"
+            assert "hidden_states =" not in src[calls[0]:calls[2]], f"{family}.{name}: input reassigned in between"
+
+
 def test_supported_refuses_what_the_kernel_does_not_take():
     w = torch.randn(16, 32, dtype=torch.bfloat16)
     assert not fused_linear.supported(torch.randn(1, 32, dtype=torch.bfloat16), w)  # CPU
@@ -79,13 +89,15 @@ def test_fuse_linears_counts_idempotent_and_cpu_unchanged():
         before = model(ids).logits
         counts = fused_linear.fuse_linears(model)
         after = model(ids).logits
-    assert counts == {"linear": 2 * 7 + 1, "mlp": 2}  # q, k, v, o, gate, up, down per layer; lm_head; MLPs
+    assert counts == {"linear": 2 * 4 + 1, "mlp": 2, "qkv": 2}  # o, gate, up, down per layer, lm_head; MLPs; q/k/v
     assert torch.equal(before, after)  # CPU: torch's path everywhere
-    assert fused_linear.fuse_linears(model) == {"linear": 0, "mlp": 0}
+    assert fused_linear.fuse_linears(model) == {"linear": 0, "mlp": 0, "qkv": 0}
     assert torch.nn.Linear.forward is class_forward and "forward" in vars(model.lm_head)  # instances only
     clone = copy.deepcopy(model)
     assert clone.lm_head.forward.__self__ is clone.lm_head  # the copy multiplies by its own weights
     assert clone.model.layers[0].mlp.forward.__self__ is clone.model.layers[0].mlp
+    attn = clone.model.layers[0].self_attn
+    assert attn.q_proj.oscar_qkv[0] is attn.k_proj and attn.k_proj.oscar_stash[0] is attn.q_proj.oscar_qkv[2]
 
 
 def test_fuse_linears_leaves_hooked_and_other_modules_alone():
@@ -98,7 +110,7 @@ def test_fuse_linears_leaves_hooked_and_other_modules_alone():
     gelu_mlp.act_fn = torch.nn.GELU()
     model = torch.nn.ModuleList([hooked, Hooked(8, 8), gelu_mlp])
     counts = fused_linear.fuse_linears(model)
-    assert counts == {"linear": 3, "mlp": 0}  # only gelu_mlp's three plain Linears
+    assert counts == {"linear": 3, "mlp": 0, "qkv": 0}  # only gelu_mlp's three plain Linears
     assert "forward" not in vars(model[1]) and "forward" not in vars(gelu_mlp)
 
 
@@ -148,6 +160,21 @@ def test_silu_mul_matches_float64(dtype, m, n, k, rows):
 
 
 @needs_gpu
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_one_launch_of_three_weights_equals_three_launches(m):
+    # each output's sum is the same threads' partial sums reduced in the same order, whatever the CTA's rows or
+    # segment: bit-identical to separate calls
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 520, generator=g).to(torch.bfloat16).cuda()
+    ws = [(torch.randn(n, 520, generator=g) / 23).to(torch.bfloat16).cuda() for n in (300, 77, 77)]
+    bs = [None, torch.randn(77, generator=g).to(torch.bfloat16).cuda(), None]
+    together = fused_linear.linears(x, ws, bs)
+    for out, w, b in zip(together, ws, bs):
+        assert torch.equal(out, fused_linear.linear(x, w, b))
+        assert rel(out, x.double() @ w.double().t() + (0 if b is None else b.double())) < 1e-2
+
+
+@needs_gpu
 def test_gemv_replays_in_a_cuda_graph():
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16) / 64
@@ -168,7 +195,7 @@ def test_fused_model_decode_matches_on_cuda():
     with torch.no_grad():
         before = model(ids).logits
         ref = model.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
-        assert fused_linear.fuse_linears(model) == {"linear": 3 * 7 + 1, "mlp": 3}
+        assert fused_linear.fuse_linears(model) == {"linear": 3 * 4 + 1, "mlp": 3, "qkv": 3}
         after = model(ids).logits  # a prefill: torch's path, unchanged
         out = model.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
     assert torch.equal(before, after)

@@ -5,6 +5,9 @@
 // its threads stride over K with 16-byte weight loads issued kUnroll iterations ahead, accumulate in float32,
 // and reduce across the CTA, so each output is written once, rounded once, with no second kernel.
 //
+// Segments: up to three weights of one input in one launch (the attention's q, k and v projections): the grid is
+// their CTAs laid end to end, each CTA in one segment, each segment with its own bias and output.
+//
 // GATED: the MLP's act(gate(x)) * up(x) with SiLU in one launch: the CTA also reads the ROWS matching rows of the
 // up weight and writes silu(g) * u, rounded the way transformers' three kernels round (g, silu(g), u and the
 // product each to the output dtype).
@@ -17,15 +20,25 @@
 
 namespace oscar {
 
+constexpr int kGemvMaxSegments = 3;
+
 struct GemvParams {
-  const void* x;     // [m, k], rows x_stride elements apart, 16-byte aligned, x_stride % 8 == 0
-  const void* w0;    // [n, k] contiguous (the gate rows when gated)
-  const void* w1;    // [n, k] contiguous up rows (gated), else unused
-  const void* bias;  // [n] or nullptr (not gated)
-  void* out;         // [m, n] contiguous
+  const void* x;  // [m, k], rows x_stride elements apart, 16-byte aligned, x_stride % 8 == 0
   int64_t x_stride;
-  int m, n, k;       // k % 8 == 0
+  int m, k;       // k % 8 == 0
+  int segments;   // 1 to kGemvMaxSegments (1 when gated)
+  const void* w[kGemvMaxSegments];     // [n_s, k] contiguous (the gate rows when gated)
+  const void* bias[kGemvMaxSegments];  // [n_s] or nullptr
+  void* out[kGemvMaxSegments];         // [m, n_s] contiguous
+  int n[kGemvMaxSegments];
+  int cta_end[kGemvMaxSegments];  // CTAs of segments 0..s together (the launcher fills it)
+  const void* w_up;  // gated: [n_0, k] contiguous up rows
 };
+
+template <typename P>
+__device__ __forceinline__ P gemv_pick(const P (&a)[kGemvMaxSegments], int s) {  // no dynamic param indexing
+  return s == 0 ? a[0] : (s == 1 ? a[1] : a[2]);
+}
 
 constexpr int kGemvThreads = 256;
 constexpr int kGemvUnroll = 2;  // K iterations whose loads are in flight together
@@ -68,20 +81,25 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
   return acc;
 }
 
-// grid.x = ceil(n / ROWS); M >= p.m rows of x (the rest are never written); NW weight rows per CTA.
+// grid.x = sum over segments of ceil(n_s / ROWS); M >= p.m rows of x (the rest are never written); NW weight rows
+// per CTA.
 template <typename T, int M, int ROWS, bool GATED>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
   constexpr int NW = GATED ? 2 * ROWS : ROWS;
   constexpr int WARPS = kGemvThreads / 32;
   __shared__ float red[WARPS][NW][M];
-  const int n0 = blockIdx.x * ROWS;
-  const int here = min(ROWS, p.n - n0);
+  const int seg = (p.segments > 1 && static_cast<int>(blockIdx.x) >= p.cta_end[0]) +
+                  (p.segments > 2 && static_cast<int>(blockIdx.x) >= p.cta_end[1]);
+  const int n_seg = gemv_pick(p.n, seg);
+  const int n0 = (static_cast<int>(blockIdx.x) - (seg ? gemv_pick(p.cta_end, seg - 1) : 0)) * ROWS;
+  const int here = min(ROWS, n_seg - n0);
+  const void* w_seg = gemv_pick(p.w, seg);
   const int kvec = p.k / 8;  // 16-byte words per row
   const uint4* w[NW];
 #pragma unroll
   for (int r = 0; r < NW; ++r) {  // rows past n re-read the last row; their sums are never written
     const int n = n0 + min(r % ROWS, here - 1);
-    w[r] = reinterpret_cast<const uint4*>(r < ROWS ? p.w0 : p.w1) + static_cast<int64_t>(n) * kvec;
+    w[r] = reinterpret_cast<const uint4*>(r < ROWS ? w_seg : p.w_up) + static_cast<int64_t>(n) * kvec;
   }
   const uint4* x[M];
 #pragma unroll
@@ -140,20 +158,26 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
       const float up = GemvType<T>::f(GemvType<T>::round(s1));  // up_proj's output
       y = GemvType<T>::round(a * up);
     } else {
-      if (p.bias != nullptr) s0 += GemvType<T>::f(static_cast<const T*>(p.bias)[n0 + r]);  // a GEMM epilogue's bias
+      const T* bias = static_cast<const T*>(gemv_pick(p.bias, seg));
+      if (bias != nullptr) s0 += GemvType<T>::f(bias[n0 + r]);  // a GEMM epilogue's bias, before the rounding
       y = GemvType<T>::round(s0);
     }
-    static_cast<T*>(p.out)[static_cast<int64_t>(m) * p.n + n0 + r] = y;
+    static_cast<T*>(gemv_pick(p.out, seg))[static_cast<int64_t>(m) * n_seg + n0 + r] = y;
   }
 }
 
 template <typename T, int M, int ROWS>
-cudaError_t launch_gemv_rows(const GemvParams& p, bool gated, cudaStream_t stream) {
-  const dim3 grid((p.n + ROWS - 1) / ROWS);
+cudaError_t launch_gemv_rows(const GemvParams& params, bool gated, cudaStream_t stream) {
+  GemvParams p = params;
+  int ctas = 0;
+  for (int s = 0; s < kGemvMaxSegments; ++s) {
+    if (s < p.segments) ctas += (p.n[s] + ROWS - 1) / ROWS;
+    p.cta_end[s] = ctas;
+  }
   if (gated)
-    gemv_kernel<T, M, ROWS, true><<<grid, kGemvThreads, 0, stream>>>(p);
+    gemv_kernel<T, M, ROWS, true><<<ctas, kGemvThreads, 0, stream>>>(p);
   else
-    gemv_kernel<T, M, ROWS, false><<<grid, kGemvThreads, 0, stream>>>(p);
+    gemv_kernel<T, M, ROWS, false><<<ctas, kGemvThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -170,7 +194,11 @@ cudaError_t launch_gemv_m(const GemvParams& p, int rows, bool gated, cudaStream_
 // rows: output rows per CTA (1, 2 or 4); p.m <= kGemvMaxRows rows of x, run by the kernel for 1, 2, 4 or 8.
 template <typename T>
 cudaError_t launch_gemv(const GemvParams& p, int rows, bool gated, cudaStream_t stream) {
-  if (p.m < 1 || p.m > kGemvMaxRows || p.n < 1 || p.k < 8 || p.k % 8 != 0) return cudaErrorInvalidValue;
+  if (p.m < 1 || p.m > kGemvMaxRows || p.k < 8 || p.k % 8 != 0 || p.segments < 1 || p.segments > kGemvMaxSegments ||
+      (gated && (p.segments != 1 || p.w_up == nullptr)))
+    return cudaErrorInvalidValue;
+  for (int s = 0; s < p.segments; ++s)
+    if (p.n[s] < 1) return cudaErrorInvalidValue;
   if (p.m == 1) return launch_gemv_m<T, 1>(p, rows, gated, stream);
   if (p.m == 2) return launch_gemv_m<T, 2>(p, rows, gated, stream);
   if (p.m <= 4) return launch_gemv_m<T, 4>(p, rows, gated, stream);

@@ -39,6 +39,20 @@ MLP_CLASSES = {
     "qwen3_omni_moe": ("Qwen3OmniMoeThinkerTextMLP",),
     "smollm3": ("SmolLM3MLP",),
 }
+# Attention modules whose forward calls q_proj, k_proj and v_proj in that order on the same hidden_states tensor
+# (transformers 5.x, checked against the installed source by tests/test_kernels_linear.py): the three run as one
+# launch (`_qkv_forward`).
+ATTENTION_CLASSES = {
+    "llama": ("LlamaAttention",),
+    "mistral": ("MistralAttention",),
+    "qwen2": ("Qwen2Attention",),
+    "qwen3": ("Qwen3Attention",),
+    "qwen3_moe": ("Qwen3MoeAttention",),
+    "qwen3_vl": ("Qwen3VLTextAttention",),
+    "qwen3_vl_moe": ("Qwen3VLMoeTextAttention",),
+    "qwen3_omni_moe": ("Qwen3OmniMoeThinkerTextAttention",),
+    "smollm3": ("SmolLM3Attention",),
+}
 SILU = ("SiLU", "SiLUActivation")  # torch.nn.SiLU, transformers.activations.SiLUActivation
 
 
@@ -69,7 +83,7 @@ def supported(x: torch.Tensor, *weights: torch.Tensor, tokens: int = MAX_TOKENS)
     if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)):
         return False  # the kernel has no backward
     return all(w.dtype == x.dtype and w.device == x.device and w.dim() == 2 and w.shape[1] == k and w.is_contiguous()
-               and w.data_ptr() % 16 == 0 and w.shape == weights[0].shape for w in weights)
+               and w.data_ptr() % 16 == 0 for w in weights)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -98,27 +112,40 @@ def _check(x: torch.Tensor, *weights: torch.Tensor) -> None:
                          "tokens, no autograd (use torch.nn.functional.linear otherwise)")
 
 
+def linears(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor | None] | None = None,
+            rows: int | None = None) -> list[torch.Tensor]:
+    """[F.linear(x, w, b) for w, b in zip(weights, biases)] for 1 to 3 weights of one input x [..., K] of 1 to
+    MAX_TOKENS tokens, in one launch of the GEMV kernel -> one [..., N_s] tensor per weight."""
+    biases = [None] * len(weights) if biases is None else list(biases)
+    _check(x, *weights)
+    if not 1 <= len(weights) == len(biases) <= 3:
+        raise ValueError(f"fused_linear: {len(weights)} weights and {len(biases)} biases: need 1 to 3 of each")
+    for w, b in zip(weights, biases):
+        if b is not None and (b.dtype != x.dtype or b.shape != (w.shape[0],)):
+            raise ValueError(f"fused_linear: bias {tuple(b.shape)} {b.dtype}: need [{w.shape[0]}] {x.dtype}")
+    from quant.kernels.cuda import load_linear
+
+    n = sum(w.shape[0] for w in weights)
+    outs = load_linear().gemv(_rows(x), list(weights), [_empty(x) if b is None else b.contiguous() for b in biases],
+                              _empty(x), rows or rows_per_cta(n, x.device))
+    return [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            rows: int | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [..., K] of 1 to MAX_TOKENS tokens on the GEMV kernel -> [..., N]."""
-    _check(x, weight)
-    if bias is not None and (bias.dtype != x.dtype or bias.shape != (weight.shape[0],)):
-        raise ValueError(f"fused_linear: bias {tuple(bias.shape)} {bias.dtype}: need [{weight.shape[0]}] {x.dtype}")
-    from quant.kernels.cuda import load_linear
-
-    n = weight.shape[0]
-    out = load_linear().gemv(_rows(x), weight, _empty(x), _empty(x) if bias is None else bias.contiguous(), False,
-                             rows or rows_per_cta(n, x.device))
-    return out.view(*x.shape[:-1], n)
+    return linears(x, [weight], [bias], rows)[0]
 
 
 def silu_mul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, rows: int | None = None) -> torch.Tensor:
     """silu(x w_gate^T) * (x w_up^T), rounded step by step as transformers' MLP, in one launch -> [..., N]."""
     _check(x, w_gate, w_up)
+    if w_gate.shape != w_up.shape:
+        raise ValueError(f"fused_linear: gate {tuple(w_gate.shape)} and up {tuple(w_up.shape)} weights differ")
     from quant.kernels.cuda import load_linear
 
     n = w_gate.shape[0]
-    out = load_linear().gemv(_rows(x), w_gate, w_up, _empty(x), True, rows or rows_per_cta(n, x.device))
+    out = load_linear().gemv(_rows(x), [w_gate], [_empty(x)], w_up, rows or rows_per_cta(n, x.device))[0]
     return out.view(*x.shape[:-1], n)
 
 
@@ -159,30 +186,83 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     return type(self).forward(self, x)
 
 
+def _qkv_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Instance forward of a patched attention's q_proj: q, k and v in one launch for 1-2 token CUDA inputs. k and v
+    wait in the stash shared with k_proj and v_proj, which the attention's forward calls next on this same tensor;
+    called with any other tensor, they compute their own."""
+    k_proj, v_proj, stash = self.oscar_qkv
+    projs = (self, k_proj, v_proj)
+    stash.clear()
+    if (supported(x, *(p.weight for p in projs), tokens=FAST_TOKENS)
+            and all(p.bias is None or p.bias.dtype == x.dtype for p in projs) and _kernel_ready()):
+        q, k, v = linears(x, [p.weight for p in projs], [p.bias for p in projs])
+        stash.extend([x, k, v])
+        return q
+    return _linear_forward(self, x)
+
+
+def _stashed_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Instance forward of a patched attention's k_proj or v_proj: what q_proj computed for this very tensor (the
+    stash holds a reference to it, so identity cannot be reused), else its own product."""
+    stash, slot = self.oscar_stash
+    if stash and stash[0] is x and stash[slot] is not None:
+        out, stash[slot] = stash[slot], None
+        if stash[1] is None and stash[2] is None:
+            stash.clear()
+        return out
+    return _linear_forward(self, x)
+
+
+def _qualified(table: dict[str, tuple[str, ...]]) -> set[str]:
+    """{"transformers.models.qwen3.modeling_qwen3.Qwen3MLP", ...} of a family -> class names table."""
+    return {f"transformers.models.{m}.modeling_{m}.{c}" for m, names in table.items() for c in names}
+
+
 def mlp_classes() -> set[str]:
-    """Qualified names "transformers.models.qwen3.modeling_qwen3.Qwen3MLP" of MLP_CLASSES."""
-    return {f"transformers.models.{m}.modeling_{m}.{c}" for m, names in MLP_CLASSES.items() for c in names}
+    return _qualified(MLP_CLASSES)
+
+
+def _listed(module: torch.nn.Module, qualified: set[str], *linears: str) -> bool:
+    # The module is part of the name: a remote-code class may reuse a listed name with another forward.
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__name__}" in qualified and all(
+        type(getattr(module, p, None)) is torch.nn.Linear and "forward" not in vars(getattr(module, p))
+        for p in linears)
 
 
 def _fusable_mlp(module: torch.nn.Module, qualified: set[str]) -> bool:
-    cls = type(module)
-    return (f"{cls.__module__}.{cls.__name__}" in qualified and type(getattr(module, "act_fn", None)).__name__ in SILU
-            and all(type(getattr(module, p, None)) is torch.nn.Linear for p in ("gate_proj", "up_proj", "down_proj")))
+    return (_listed(module, qualified, "gate_proj", "up_proj", "down_proj")
+            and type(getattr(module, "act_fn", None)).__name__ in SILU)
+
+
+def _fuse_qkv(attn: torch.nn.Module) -> None:
+    q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+    stash: list = []  # [x, k(x), v(x)] between q_proj's call and k_proj's / v_proj's
+    q.oscar_qkv = (k, v, stash)  # a tuple: not registered as submodules
+    k.oscar_stash, v.oscar_stash = (stash, 1), (stash, 2)
+    q.forward = types.MethodType(_qkv_forward, q)
+    k.forward = types.MethodType(_stashed_forward, k)
+    v.forward = types.MethodType(_stashed_forward, v)
 
 
 def fuse_linears(model: torch.nn.Module) -> dict[str, int]:
-    """Route `model`'s nn.Linear layers (exact class) and allow-listed SiLU MLPs through the GEMV kernel for
-    CUDA inputs of 1 to FAST_TOKENS tokens. Sets instance `forward`s (bound methods: deepcopy rebinds them); a module whose
-    forward is already overridden (by this, or by accelerate's hooks) is left alone, so it is idempotent.
-    Returns {"linear": n, "mlp": n} patched now."""
-    qualified, counts = mlp_classes(), {"linear": 0, "mlp": 0}
-    for module in model.modules():
+    """Route `model`'s nn.Linear layers (exact class), allow-listed SiLU MLPs (gate, up, SiLU and the product in one
+    launch) and allow-listed attentions' q/k/v projections (one launch) through the GEMV kernel for CUDA inputs of
+    1 to FAST_TOKENS tokens; everything else stays on torch. Sets instance `forward`s (bound methods: deepcopy
+    rebinds them); a module whose forward is already overridden (by this, or by accelerate's hooks) is left alone,
+    so it is idempotent. Returns {"linear": n, "mlp": n, "qkv": n} patched now (q/k/v counted once per attention)."""
+    mlps, attns = mlp_classes(), _qualified(ATTENTION_CLASSES)
+    counts = {"linear": 0, "mlp": 0, "qkv": 0}
+    for module in model.modules():  # parents come before their children
         if "forward" in module.__dict__:
             continue
-        if type(module) is torch.nn.Linear:
+        if _listed(module, attns, "q_proj", "k_proj", "v_proj"):
+            _fuse_qkv(module)
+            counts["qkv"] += 1
+        elif type(module) is torch.nn.Linear:
             module.forward = types.MethodType(_linear_forward, module)
             counts["linear"] += 1
-        elif _fusable_mlp(module, qualified):
+        elif _fusable_mlp(module, mlps):
             module.forward = types.MethodType(_mlp_forward, module)
             counts["mlp"] += 1
     return counts

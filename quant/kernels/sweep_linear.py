@@ -4,7 +4,8 @@ streams every weight once, so none is in L2 when its GEMM starts). Prints a tabl
 
     python3 -m quant.kernels.sweep_linear --tokens 1,4,8 --rows 0,1,2,4 --out linear.json
 
-rows 0 is `rows_per_cta`'s choice. "gate_up" is the MLP's silu(gate(x)) * up(x): torch's four kernels against one.
+rows 0 is `rows_per_cta`'s choice. "gate_up" is the MLP's silu(gate(x)) * up(x): torch's four kernels against one;
+"qkv" the attention's three projections of one input: torch's three GEMMs against one launch.
 Bandwidth is weight bytes / time (the copy bandwidth, read + written, is ~3.0 TB/s on an H100).
 """
 from __future__ import annotations
@@ -19,8 +20,8 @@ from harness.bench import _graph_us
 from quant.kernels import fused_linear
 
 # name: (N, K) of nn.Linear weights [N, K]; Qwen3-8B (hidden 4096, 32 q / 8 kv heads of 128, MLP 12288).
-QWEN3_8B = {"q_proj": (4096, 4096), "k_proj": (1024, 4096), "o_proj": (4096, 4096), "gate_up": (12288, 4096),
-            "down_proj": (4096, 12288), "lm_head": (151936, 4096)}
+QWEN3_8B = {"q_proj": (4096, 4096), "k_proj": (1024, 4096), "qkv": (6144, 4096), "o_proj": (4096, 4096),
+            "gate_up": (12288, 4096), "down_proj": (4096, 12288), "lm_head": (151936, 4096)}
 
 
 def time_shape(name: str, n: int, k: int, tokens: int, rows: list[int]) -> dict:
@@ -30,18 +31,26 @@ def time_shape(name: str, n: int, k: int, tokens: int, rows: list[int]) -> dict:
     gated = name == "gate_up"
     w_up = (torch.randn(n, k, device="cuda", generator=g) * k**-0.5).to(torch.bfloat16) if gated else None
     weight_bytes = w.numel() * 2 * (2 if gated else 1)
+    parts = list(w.split([n * 2 // 3, n // 6, n // 6])) if name == "qkv" else None  # 4096 / 1024 / 1024 rows
     if gated:
         torch_fn = lambda: F.silu(F.linear(x, w)) * F.linear(x, w_up)  # noqa: E731
+    elif parts:
+        torch_fn = lambda: [F.linear(x, p) for p in parts]  # noqa: E731
     else:
         torch_fn = lambda: F.linear(x, w)  # noqa: E731
     row = {"name": name, "n": n, "k": k, "tokens": tokens, "weight_bytes": weight_bytes}
     with torch.inference_mode():
-        ref = torch_fn().double()
+        ref = (torch.cat(torch_fn(), dim=-1) if parts else torch_fn()).double()
         row["torch_us"] = _graph_us(torch_fn, clean=True)
         for r in rows:
-            fn = ((lambda r=r: fused_linear.silu_mul(x, w, w_up, rows=r or None)) if gated
-                  else (lambda r=r: fused_linear.linear(x, w, rows=r or None)))
-            err = ((fn().double() - ref).abs().max() / ref.abs().max()).item()
+            if gated:
+                fn = lambda r=r: fused_linear.silu_mul(x, w, w_up, rows=r or None)  # noqa: E731
+            elif parts:
+                fn = lambda r=r: fused_linear.linears(x, parts, rows=r or None)  # noqa: E731
+            else:
+                fn = lambda r=r: fused_linear.linear(x, w, rows=r or None)  # noqa: E731
+            out = torch.cat(fn(), dim=-1) if parts else fn()
+            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
             row[f"rows{r}_us"] = _graph_us(fn, clean=True)
             row[f"rows{r}_max_rel_diff_vs_torch"] = err
     for key in [k for k in row if k.endswith("_us") and isinstance(row[k], float)]:
