@@ -94,7 +94,8 @@ std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, b
   auto i32 = k.options().dtype(torch::kInt32), f16 = k.options().dtype(torch::kHalf);
   auto kc = torch::empty({b, h, t / 16, D}, i32), ks = torch::empty({b, h, t / 32, D}, f16), kz = torch::empty_like(ks);
   auto vc = torch::empty({b, h, t, D / 16}, i32), vs = torch::empty({b, h, t, D / 32}, f16), vz = torch::empty_like(vs);
-  auto norms = torch::ones({b, t}, k.options().dtype(torch::kFloat32));
+  auto f32 = k.options().dtype(torch::kFloat32);  // with token_norm the kernel writes every norm: no fill kernel
+  auto norms = token_norm ? torch::empty({b, t}, f32) : torch::ones({b, t}, f32);
   oscar::PackParams p{k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
                       v.stride(2), kc.data_ptr<int32_t>(), reinterpret_cast<__half*>(ks.data_ptr()),
                       reinterpret_cast<__half*>(kz.data_ptr()), vc.data_ptr<int32_t>(),

@@ -365,20 +365,32 @@ def e2e_point(model, cfg, kind, batch, ctx, steps, backend) -> dict:
     return row
 
 
-def largest_batch(model, cfg, kind, ctx, steps, backend) -> dict:
-    """Tokens/s at the largest batch whose cache fits (estimated from free memory, then stepped down)."""
+def batch_that_fits(per_seq: int, other: int, total: int, slack: int = 2 * 2**30) -> int:
+    """Sequences whose caches fit in `total` device bytes beside `other` (weights, activations, workspace: what a
+    batch-1 step at the same context peaks at besides its cache), keeping `slack` for the CUDA context, cuBLAS
+    workspaces and allocator rounding."""
+    return max(1, int((total - other - slack) // per_seq))
+
+
+def largest_batch(model, cfg, kind, ctx, steps, backend, probe: dict | None = None) -> dict:
+    """Tokens/s at the largest batch whose cache fits: sized from a batch-1 step at the same context (its cache bytes
+    per sequence, and its peak memory besides the cache), then stepped down one sequence at a time on OOM.
+
+    The probe must be at the real context: a cache's fixed parts (OScaR's 128-token bf16 window, the capacity
+    rounding) weigh 15% of a 4K sequence and 0.5% of a 128K one, so a short probe undercounts what fits (run 52:
+    14 OScaR sequences at 128K where 17 fit)."""
     import torch
 
-    probe = e2e_point(model, cfg, kind, 1, 4096, 5, backend)
-    per_token = probe["kv_bytes"] / (4096 + 5 + 256)
-    free = torch.cuda.mem_get_info()[0] - 6 * 2**30  # activations, logits, allocator slack
-    batch = max(1, int(free / (per_token * (ctx + steps + 256))))
+    if probe is None or probe.get("context") != ctx or probe.get("batch") != 1:
+        probe = e2e_point(model, cfg, kind, 1, ctx, 5, backend)
+    per_seq = probe["kv_bytes"]
+    batch = batch_that_fits(per_seq, probe["peak_bytes"] - per_seq, torch.cuda.mem_get_info()[1])
     while batch >= 1:
         try:
             return e2e_point(model, cfg, kind, batch, ctx, steps, backend)
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
-            batch = int(batch * 0.85) if batch > 1 else 0
+            batch -= 1
     return {"kind": kind, "context": ctx, "error": "batch 1 does not fit"}
 
 
@@ -393,7 +405,9 @@ def run_e2e(args) -> list[dict]:
             print(_e2e_line(rows[-1]), flush=True)
     ctx = max(int(c) for c in args.e2e_contexts.split(","))
     for kind in ("bf16", "oscar"):
-        rows.append({**largest_batch(model, cfg, kind, ctx, max(8, args.e2e_steps // 2), backend), "largest": True})
+        probe = next((r for r in rows if r["kind"] == kind and r["context"] == ctx and "error" not in r), None)
+        rows.append({**largest_batch(model, cfg, kind, ctx, max(8, args.e2e_steps // 2), backend, probe),
+                     "largest": True})
         print(_e2e_line(rows[-1]), flush=True)
     return rows
 

@@ -28,3 +28,14 @@ def test_summary_without_floor_has_no_ceiling():
     s = summarize(row, 3.0e12)
     assert "ceiling_speedup" not in s and s["speedup_triton"] == pytest.approx(19.0 / 30.0)
     assert "read floor" not in _kernel_line({**row, **s})
+
+
+def test_largest_batch_is_sized_from_the_real_contexts_bytes():
+    from harness.bench import batch_that_fits
+
+    gib = 2**30
+    # run 52's 1 x 128K probes on an 80 GB H100 (79.65 GiB): the BF16 cache is 18.04 GiB a sequence, OScaR's 3.42
+    assert batch_that_fits(int(18.04 * gib), int(15.97 * gib), int(79.65 * gib)) == 3
+    assert batch_that_fits(int(3.42 * gib), int(16.01 * gib), int(79.65 * gib)) == 18
+    assert batch_that_fits(int(3.42 * gib), int(16.01 * gib), int(79.65 * gib), slack=6 * gib) == 16
+    assert batch_that_fits(int(90 * gib), int(16 * gib), int(79.65 * gib)) == 1  # the step-down reports the failure

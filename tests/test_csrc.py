@@ -189,6 +189,10 @@ def test_decode_plan_picks_the_single_wave_whose_slowest_sm_ends_first():
     assert kcuda.decode_plan(32640, 8, 132, 3, 128) == (1024, 32, True)
     assert kcuda.decode_plan(3968, 512, 132, 3, 128) == (1408, 3, False)  # 1536 CTAs, 3.9 of 4 waves
     assert kcuda.decode_plan(4096, 300, 132, 3, 0) == (4096, 1, False)  # one wave of one split per row
+    # rows just above the SMs: several nearly full waves beat one uneven wave (run 55), but not at 80 rows
+    assert kcuda.decode_plan(130944, 112, 132, 3, 64) == (18816, 7, False)  # 14 x 128K: 784 CTAs in 1.98 waves
+    assert kcuda.decode_plan(130944, 136, 132, 3, 64) == (16384, 8, False)  # 17 x 128K: 1088 CTAs in 2.75 waves
+    assert kcuda.decode_plan(130944, 80, 132, 3, 64) == (43776, 3, False)
     for tokens, rows in [(4096, 8), (300, 3), (131072, 1), (65536, 40), (130944, 44)]:
         split, n, window_cta = kcuda.decode_plan(tokens, rows, 132, 3, 100)
         assert split % 128 == 0 and (n - 1) * split < tokens <= n * split

@@ -201,3 +201,24 @@ def test_fused_model_decode_matches_on_cuda():
     assert torch.equal(before, after)
     for a, b in zip(ref.logits, out.logits):  # decode steps of 2 tokens: the kernel's path
         assert rel(b.float(), a.double()) < 2e-2
+
+
+@needs_gpu
+def test_fused_qwen2_with_qkv_bias_matches_on_cuda():
+    # Qwen2's q/k/v carry biases: the three-segment launch adds each its own
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # transformers zero-inits biases: make them count
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_()
+        ids = torch.randint(0, 128, (1, 11), device="cuda")
+        ref = model.generate(ids, max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        assert fused_linear.fuse_linears(model) == {"linear": 2 * 4 + 1, "mlp": 2, "qkv": 2}
+        out = model.generate(ids, max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    for a, b in zip(ref.logits, out.logits):
+        assert rel(b.float(), a.double()) < 2e-2

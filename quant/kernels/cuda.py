@@ -173,8 +173,8 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     same SM as CTA i + sms (H100 traces, runs 31-35), so a split count that puts three long CTAs on a few SMs
     while the rest hold two ends late. On the H100 (clean L2): 1x128K 32 splits (2 long CTAs on every SM) 48.1
     us, 47 (3 on 112 SMs) 51.9, 33 (3 long on 6 SMs) 62.5; llava 1x128K 11 splits 157.9, 7 165.8, 8 202.7;
-    16x32K 2 splits 154.6, 3 158.3 (runs 32-35). Several waves keep `plan_splits`'s wave rule (64x4K: 3 splits,
-    1536 CTAs, beat 2 and 4)."""
+    16x32K 2 splits 154.6, 3 158.3 (runs 32-35). While the rows fit one wave, plans of several waves compete too
+    (`_best_plan`); beyond, `plan_splits`'s wave rule decides (64x4K: 3 splits, 1536 CTAs, beat 2 and 4)."""
     slots = sms * min_blocks
     if window_cta is None:
         window_cta = separate_window(rows, slots)
@@ -183,7 +183,7 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     if tokens == 0 or rows > room:
         split, n = plan_splits(tokens, rows, room, window=window)
         return split, n, window_cta
-    return _single_wave_plan(tokens, rows, sms, room, -(-residual // 32) * 32, window_cta)
+    return _best_plan(tokens, rows, sms, room, -(-residual // 32) * 32, window_cta)
 
 
 # A CTA's fixed cost (query load, partial write and arrival: ~4 us) in packed tokens streamed meanwhile (~12 GB/s per
@@ -193,27 +193,58 @@ CTA_COST_TOKENS = 480
 ONE_CTA_SM_SPEED = 0.86
 
 
-def slowest_sm(tokens: int, rows: int, split: int, splits: int, sms: int, window_cta: bool, residual: int) -> float:
-    """Work of the most loaded SM, in packed tokens, when CTA i runs on SM i mod sms: per row (blockIdx.y) the
-    window CTA (window_cta) and then the splits (blockIdx.x), each costing its tokens (the window's weighed by
-    WINDOW_TOKEN_WEIGHT, in its own CTA or the last split's) plus CTA_COST_TOKENS; an SM with one CTA is slower."""
+def cta_costs(tokens: int, split: int, splits: int, window_cta: bool, residual: int) -> list[float]:
+    """One row's CTAs in launch order (blockIdx.x) and their work in packed tokens: the window CTA (window_cta) and
+    then the splits, each costing its tokens (the window's weighed by WINDOW_TOKEN_WEIGHT, in its own CTA or the last
+    split's) plus CTA_COST_TOKENS."""
     win = residual * WINDOW_TOKEN_WEIGHT
     row = [win + CTA_COST_TOKENS] if window_cta else []
     for i in range(splits):
         row.append(min(split, tokens - i * split) + CTA_COST_TOKENS + (win if not window_cta and i == splits - 1 else 0))
+    return row
+
+
+def slowest_sm(tokens: int, rows: int, split: int, splits: int, sms: int, window_cta: bool, residual: int) -> float:
+    """Work of the most loaded SM, in packed tokens, when the grid is one wave and CTA i runs on SM i mod sms (rows
+    in blockIdx.y, each row's CTAs as `cta_costs`); an SM with one CTA is slower."""
     load, count = [0.0] * sms, [0] * sms
-    for i, cost in enumerate(row * rows):
+    for i, cost in enumerate(cta_costs(tokens, split, splits, window_cta, residual) * rows):
         load[i % sms] += cost
         count[i % sms] += 1
     return max(w / (ONE_CTA_SM_SPEED if c == 1 else 1.0) for w, c in zip(load, count))
 
 
+def waves_cost(costs: list[float], sms: int, per_sm: int) -> float:
+    """Work of the slowest SM, in packed tokens, for a grid of more CTAs than resident slots (sms * per_sm): each
+    wave of `slots` CTAs (a partial last one too) costs per_sm of the longest CTA. Partial waves end as late as full
+    ones in run 55's sweeps (14 x 128K: 7 splits, 784 CTAs in 1.98 waves, 499 us; 8 splits, 896 CTAs in 2.26 waves,
+    540 us), so the plans this picks among are the fullest (`plan_splits`' busy rule)."""
+    slots = sms * per_sm
+    return -(-len(costs) // slots) * per_sm * max(costs)
+
+
 @functools.lru_cache(maxsize=256)
-def _single_wave_plan(tokens: int, rows: int, sms: int, room: int, residual: int, window_cta: bool):
+def _best_plan(tokens: int, rows: int, sms: int, room: int, residual: int, window_cta: bool):
+    """The cheaper of the best one-wave plan (`slowest_sm` over every split count that fits one wave) and, when up
+    to 8 splits can overfill it, the several-wave plan whose last wave is fullest (`waves_cost`); ties go to one
+    wave. Several waves win when the rows slightly exceed the SMs (run 55, clean L2: 14 x 128K, 112 rows, 7 splits
+    499 us against the best single wave's 542; 17 x 128K, 136 rows, 8 splits 627 against 780), not at 10 x 128K (3
+    splits in one wave 376 us, 8 splits 402) nor 16 x 32K."""
+    window = 0 if window_cta else residual
     best = None
     for want in range(1, min(room // rows, -(-tokens // 128)) + 1):  # ties: fewer splits
-        split, n = plan_splits(tokens, rows, room, window=0 if window_cta else residual, want=want)
+        split, n = plan_splits(tokens, rows, room, window=window, want=want)
         cost = slowest_sm(tokens, rows, split, n, sms, window_cta, residual)
+        if best is None or cost < best[0] - 1e-6:
+            best = (cost, split, n)
+    over = [w for w in range(room // rows + 1, min(8, -(-tokens // 128)) + 1)]
+    if over:
+        def busy(w):
+            ctas = rows * w
+            return ctas / (-(-ctas // room) * room)
+        want = max(over, key=lambda w: (round(busy(w), 3), -w))
+        split, n = plan_splits(tokens, rows, room, window=window, want=want)
+        cost = waves_cost(cta_costs(tokens, split, n, window_cta, residual) * rows, sms, max(1, room // sms))
         if best is None or cost < best[0] - 1e-6:
             best = (cost, split, n)
     return best[1], best[2], window_cta
