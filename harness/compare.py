@@ -129,6 +129,11 @@ def check_compatible(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         warnings.append(f"different models: {a['model']['name']} vs {b['model']['name']}")
     if a["seed"] != b["seed"]:
         warnings.append(f"different seeds: {a['seed']} vs {b['seed']}")
+    ka, kb = a["environment"].get("kernels"), b["environment"].get("kernels")  # absent in older result files
+    gpus = a["environment"].get("gpu") or b["environment"].get("gpu")
+    if gpus and ka is not None and kb is not None and ka != kb:  # they act on a GPU only
+        diff = ", ".join(f"{k} {ka.get(k)} vs {kb.get(k)}" for k in sorted(set(ka) | set(kb)) if ka.get(k) != kb.get(k))
+        warnings.append(f"different model-level kernels on the GPU ({diff}): scores can differ in the last bits")
     return warnings
 
 

@@ -387,7 +387,19 @@ def environment() -> dict[str, Any]:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     commit, dirty = git_state()
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_name(),
-            "gpu": gpu, "packages": versions, "git_commit": commit, "git_dirty": dirty}
+            "gpu": gpu, "packages": versions, "git_commit": commit, "git_dirty": dirty, "kernels": kernel_switches()}
+
+
+# The model-level kernels harness.models.load puts under a model on a GPU, each with its off switch (the `enabled()`
+# of quant.kernels.triton_norm / triton_rope / fused_linear: on unless the variable is "0"). The fused linear layers
+# sum in another order than cuBLAS, so GPU results with and without them can differ in the last bits.
+KERNEL_SWITCHES = {"fused_norm": "OSCAR_FUSED_NORM", "fused_rope": "OSCAR_FUSED_ROPE",
+                   "fused_linear": "OSCAR_FUSED_LINEAR"}
+
+
+def kernel_switches() -> dict[str, bool]:
+    """Which model-level kernels were switched on for this run (they only act on a GPU)."""
+    return {name: os.environ.get(var, "1") != "0" for name, var in KERNEL_SWITCHES.items()}
 
 
 def cpu_name() -> str | None:

@@ -106,3 +106,18 @@ def test_real_task_aggregate_gives_category_deltas(tmp_path, capsys):
     assert report["categories"]["Regular Text Recognition"]["delta"] == -2  # 4 -> 2 points
     assert report["categories"]["Doc-oriented VQA"]["delta"] == -1  # 4 -> 3 points
     assert report["items"]["test"]["name"] == "mcnemar_exact" and report["warnings"] == []
+
+
+def test_gpu_runs_with_different_kernels_are_flagged(tmp_path, capsys):
+    ra, rb = make_result("oscar", A_SCORES, CATS), make_result("oscar", A_SCORES, CATS)
+    for r, linear in ((ra, True), (rb, False)):
+        r["environment"].update(gpu="NVIDIA H100", kernels={"fused_norm": True, "fused_rope": True,
+                                                            "fused_linear": linear})
+    a, b = write(tmp_path, "a", ra), write(tmp_path, "b", rb)
+    assert cli(["compare", a, b, "--max-drop", "0"]) == 0  # a warning, not a failure
+    assert "different model-level kernels on the GPU (fused_linear True vs False)" in capsys.readouterr().out
+    for r in (ra, rb):  # on a CPU they never act: no warning
+        r["environment"]["gpu"] = None
+    a, b = write(tmp_path, "a2", ra), write(tmp_path, "b2", rb)
+    assert cli(["compare", a, b]) == 0
+    assert "model-level kernels" not in capsys.readouterr().out

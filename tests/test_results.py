@@ -112,3 +112,12 @@ def test_kv_summary_means_and_max():
             {"error": "item x: failed"}]
     s = R.kv_summary(recs)
     assert s == {"total": 200, "quantized": 140, "full_precision": 60, "max_total": 300, "per_modality": {"image": 80}}
+
+
+def test_environment_records_the_kernel_switches(monkeypatch):
+    from harness.results import environment
+
+    monkeypatch.setenv("OSCAR_FUSED_LINEAR", "0")
+    monkeypatch.delenv("OSCAR_FUSED_NORM", raising=False)
+    monkeypatch.setenv("OSCAR_FUSED_ROPE", "1")
+    assert environment()["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": False}
