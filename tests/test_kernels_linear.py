@@ -74,12 +74,14 @@ def test_rows_per_cta(monkeypatch):
     import quant.kernels.common as common
 
     monkeypatch.setattr(common, "num_sms", lambda device: 132)
+    fused_linear._default_rows.cache_clear()  # cached per shape and device
     dev = torch.device("cuda")
     assert fused_linear.rows_per_cta(4096, dev) == 4  # 1024 CTAs
     assert fused_linear.rows_per_cta(1024, dev) == 1  # k/v of Qwen3-8B: spread over every SM
     assert fused_linear.rows_per_cta(2048, dev) == 2
     monkeypatch.setenv("OSCAR_GEMV_ROWS", "2")
     assert fused_linear.rows_per_cta(4096, dev) == 2
+    fused_linear._default_rows.cache_clear()  # leave no entry computed with the fake SM count
 
 
 def test_fuse_linears_counts_idempotent_and_cpu_unchanged():

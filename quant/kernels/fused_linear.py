@@ -16,6 +16,7 @@ for bit. The gated MLP rounds g, silu(g), u and silu(g) * u to the dtype, as tra
 """
 from __future__ import annotations
 
+import functools
 import os
 import types
 import warnings
@@ -66,8 +67,11 @@ def rows_per_cta(n: int, device: torch.device) -> int:
     SM, else fewer, so that small projections (k/v: 1024 rows) still spread over every SM. OSCAR_GEMV_ROWS forces
     a value (sweeps)."""
     forced = os.environ.get("OSCAR_GEMV_ROWS")
-    if forced:
-        return int(forced)
+    return int(forced) if forced else _default_rows(n, device)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_rows(n: int, device: torch.device) -> int:  # once per shape: the decode path is Python-bound in eager
     from quant.kernels.common import num_sms
 
     ctas = 4 * num_sms(device)
@@ -123,11 +127,18 @@ def linears(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Ten
     for w, b in zip(weights, biases):
         if b is not None and (b.dtype != x.dtype or b.shape != (w.shape[0],)):
             raise ValueError(f"fused_linear: bias {tuple(b.shape)} {b.dtype}: need [{w.shape[0]}] {x.dtype}")
+    return _launch(x, weights, [None if b is None else b.contiguous() for b in biases], rows=rows)
+
+
+def _launch(x: torch.Tensor, weights, biases, w_up: torch.Tensor | None = None,
+            rows: int | None = None) -> list[torch.Tensor]:
+    """The kernel call, inputs already checked (`linears`, `silu_mul`, or a patched forward's `supported`)."""
     from quant.kernels.cuda import load_linear
 
+    none = _empty(x)
     n = sum(w.shape[0] for w in weights)
-    outs = load_linear().gemv(_rows(x), list(weights), [_empty(x) if b is None else b.contiguous() for b in biases],
-                              _empty(x), rows or rows_per_cta(n, x.device))
+    outs = load_linear().gemv(_rows(x), list(weights), [none if b is None else b for b in biases],
+                              none if w_up is None else w_up, rows or rows_per_cta(n, x.device))
     return [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
 
 
@@ -142,11 +153,7 @@ def silu_mul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, rows: in
     _check(x, w_gate, w_up)
     if w_gate.shape != w_up.shape:
         raise ValueError(f"fused_linear: gate {tuple(w_gate.shape)} and up {tuple(w_up.shape)} weights differ")
-    from quant.kernels.cuda import load_linear
-
-    n = w_gate.shape[0]
-    out = load_linear().gemv(_rows(x), [w_gate], [_empty(x)], w_up, rows or rows_per_cta(n, x.device))[0]
-    return out.view(*x.shape[:-1], n)
+    return _launch(x, [w_gate], [None], w_up, rows)[0]
 
 
 _BUILD_FAILED: list[str] = []
@@ -169,20 +176,24 @@ def _kernel_ready() -> bool:
         return False
 
 
+def _bias_ok(bias: torch.Tensor | None, x: torch.Tensor) -> bool:
+    return bias is None or (bias.dtype == x.dtype and bias.is_contiguous())
+
+
 def _linear_forward(self, x: torch.Tensor) -> torch.Tensor:
     """Instance forward of a patched nn.Linear: the kernel for 1-2 token CUDA inputs, torch's otherwise."""
-    if (supported(x, self.weight, tokens=FAST_TOKENS) and (self.bias is None or self.bias.dtype == x.dtype)
+    if (supported(x, self.weight, tokens=FAST_TOKENS) and _bias_ok(self.bias, x)
             and _kernel_ready()):
-        return linear(x, self.weight, self.bias)
+        return _launch(x, [self.weight], [self.bias])[0]
     return F.linear(x, self.weight, self.bias)
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     """Instance forward of a patched SiLU MLP: gate and up in one launch for 1-2 token CUDA inputs."""
     gate, up = self.gate_proj, self.up_proj
-    if (gate.bias is None and up.bias is None and supported(x, gate.weight, up.weight, tokens=FAST_TOKENS)
-            and _kernel_ready()):
-        return self.down_proj(silu_mul(x, gate.weight, up.weight))
+    if (gate.bias is None and up.bias is None and gate.weight.shape == up.weight.shape
+            and supported(x, gate.weight, up.weight, tokens=FAST_TOKENS) and _kernel_ready()):
+        return self.down_proj(_launch(x, [gate.weight], [None], up.weight)[0])
     return type(self).forward(self, x)
 
 
@@ -194,8 +205,8 @@ def _qkv_forward(self, x: torch.Tensor) -> torch.Tensor:
     projs = (self, k_proj, v_proj)
     stash.clear()
     if (supported(x, *(p.weight for p in projs), tokens=FAST_TOKENS)
-            and all(p.bias is None or p.bias.dtype == x.dtype for p in projs) and _kernel_ready()):
-        q, k, v = linears(x, [p.weight for p in projs], [p.bias for p in projs])
+            and all(_bias_ok(p.bias, x) for p in projs) and _kernel_ready()):
+        q, k, v = _launch(x, [p.weight for p in projs], [p.bias for p in projs])
         stash.extend([x, k, v])
         return q
     return _linear_forward(self, x)
