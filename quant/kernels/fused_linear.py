@@ -4,7 +4,8 @@ puts them under a transformers model.
 A decode step at batch 1 multiplies one token by every weight matrix: a stream of 16 GB for a Qwen3-8B shape.
 cuBLAS runs most of those shapes as a split-K GEMM and a second reduction kernel; the q/k/v and output
 projections reach ~1.5-2.6 TB/s (run 49's profile). The kernel here reads each weight once with all of K in one
-CTA and writes the rounded result directly, and the MLP's silu(gate(x)) * up(x) is one launch instead of four.
+CTA and writes the rounded result directly; the MLP's silu(gate(x)) * up(x) is one launch instead of four, and an
+attention's q, k and v projections are one launch instead of three (`ATTENTION_CLASSES`, `_qkv_forward`).
 The kernel takes up to 8 tokens (`MAX_TOKENS`) in fp16/bf16, but beats cuBLAS only up to 2 (`FAST_TOKENS`, run
 50-51: at 3-8 tokens the activation reloads and the FMAs catch up with the weight stream, and cuBLAS's tensor
 cores win), so patched models use it for 1-2 tokens (a batch-1 or batch-2 decode step); everything else
