@@ -17,3 +17,9 @@ template cudaError_t oscar::launch_pack<128, float>(const oscar::PackParams&, in
 #include "include/oscar_gemv.cuh"
 template cudaError_t oscar::launch_gemv<__half>(const oscar::GemvParams&, int, bool, cudaStream_t);
 template cudaError_t oscar::launch_gemv<__nv_bfloat16>(const oscar::GemvParams&, int, bool, cudaStream_t);
+#include "include/oscar_rmsnorm.cuh"
+#include "include/oscar_rope.cuh"
+template cudaError_t oscar::launch_rms_norm<__half>(const oscar::NormParams&, cudaStream_t);
+template cudaError_t oscar::launch_rms_norm<__nv_bfloat16>(const oscar::NormParams&, cudaStream_t);
+template cudaError_t oscar::launch_rope<__half>(const oscar::RopeParams&, int64_t, cudaStream_t);
+template cudaError_t oscar::launch_rope<__nv_bfloat16>(const oscar::RopeParams&, int64_t, cudaStream_t);

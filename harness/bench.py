@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import time
 from datetime import datetime, timezone
@@ -434,7 +435,9 @@ def environment() -> dict:
             "transformers": transformers.__version__, "python": platform.python_version(),
             "fused_norm": triton_norm.enabled(),  # the e2e model's RMSNorms (OSCAR_FUSED_NORM)
             "fused_rope": triton_rope.enabled(),  # its RoPE (OSCAR_FUSED_ROPE)
-            "fused_linear": fused_linear.enabled()}  # and its decode-time linear layers (OSCAR_FUSED_LINEAR)
+            "fused_linear": fused_linear.enabled(),  # and its decode-time linear layers (OSCAR_FUSED_LINEAR)
+            # the norms and RoPE as CUDA launches rather than Triton's (OSCAR_LAYER_KERNELS=triton)
+            "cuda_norm_rope": os.environ.get("OSCAR_LAYER_KERNELS", "cuda") != "triton"}
 
 
 def main(args) -> int:

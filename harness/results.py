@@ -398,8 +398,12 @@ KERNEL_SWITCHES = {"fused_norm": "OSCAR_FUSED_NORM", "fused_rope": "OSCAR_FUSED_
 
 
 def kernel_switches() -> dict[str, bool]:
-    """Which model-level kernels were switched on for this run (they only act on a GPU)."""
-    return {name: os.environ.get(var, "1") != "0" for name, var in KERNEL_SWITCHES.items()}
+    """Which model-level kernels were switched on for this run (they only act on a GPU). cuda_norm_rope: the norms
+    and RoPE launch the CUDA kernels rather than the Triton ones (OSCAR_LAYER_KERNELS=triton; another summation
+    order in the norm)."""
+    switches = {name: os.environ.get(var, "1") != "0" for name, var in KERNEL_SWITCHES.items()}
+    switches["cuda_norm_rope"] = os.environ.get("OSCAR_LAYER_KERNELS", "cuda") != "triton"
+    return switches
 
 
 def cpu_name() -> str | None:

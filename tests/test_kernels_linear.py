@@ -122,8 +122,8 @@ def test_a_failed_build_falls_back_with_one_warning(monkeypatch):
     def broken():
         raise RuntimeError("nvcc not found")
 
-    monkeypatch.setattr(kcuda, "load_linear", broken)
-    monkeypatch.setattr(fused_linear, "_BUILD_FAILED", [])
+    monkeypatch.setattr(kcuda, "load_layers", broken)
+    monkeypatch.setattr(kcuda, "_LAYERS_FAILED", [])
     with pytest.warns(UserWarning, match="did not build.*OSCAR_FUSED_LINEAR=0"):
         assert fused_linear._kernel_ready() is False
     assert fused_linear._kernel_ready() is False  # remembered, no second warning or build

@@ -120,4 +120,8 @@ def test_environment_records_the_kernel_switches(monkeypatch):
     monkeypatch.setenv("OSCAR_FUSED_LINEAR", "0")
     monkeypatch.delenv("OSCAR_FUSED_NORM", raising=False)
     monkeypatch.setenv("OSCAR_FUSED_ROPE", "1")
-    assert environment()["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": False}
+    monkeypatch.delenv("OSCAR_LAYER_KERNELS", raising=False)
+    assert environment()["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": False,
+                                        "cuda_norm_rope": True}
+    monkeypatch.setenv("OSCAR_LAYER_KERNELS", "triton")
+    assert environment()["kernels"]["cuda_norm_rope"] is False

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "oscar_type16.cuh"
+
 namespace oscar {
 
 constexpr int kGemvMaxSegments = 3;
@@ -45,21 +47,7 @@ constexpr int kGemvUnroll = 2;  // K iterations whose loads are in flight togeth
 constexpr int kGemvMaxRows = 8;  // rows of x (tokens) one launch takes
 
 template <typename T>
-struct GemvType;
-template <>
-struct GemvType<__nv_bfloat16> {
-  using pair = __nv_bfloat162;
-  static __device__ __forceinline__ float2 f2(uint32_t v) { return __bfloat1622float2(*reinterpret_cast<pair*>(&v)); }
-  static __device__ __forceinline__ __nv_bfloat16 round(float v) { return __float2bfloat16_rn(v); }
-  static __device__ __forceinline__ float f(__nv_bfloat16 v) { return __bfloat162float(v); }
-};
-template <>
-struct GemvType<__half> {
-  using pair = __half2;
-  static __device__ __forceinline__ float2 f2(uint32_t v) { return __half22float2(*reinterpret_cast<pair*>(&v)); }
-  static __device__ __forceinline__ __half round(float v) { return __float2half_rn(v); }
-  static __device__ __forceinline__ float f(__half v) { return __half2float(v); }
-};
+using GemvType = Type16<T>;
 
 __device__ __forceinline__ uint4 gemv_ld_weight(const uint4* p) {  // read once: keep it out of L1
   uint4 v;

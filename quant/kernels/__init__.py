@@ -10,6 +10,7 @@ Backends (same numbers up to rounding, chosen at run time):
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import shutil
@@ -27,8 +28,12 @@ def default_backend(device: torch.device | str) -> str:
         return forced
     if torch.device(device).type != "cuda":
         return "torch"
-    has_nvcc = shutil.which("nvcc") is not None or bool(os.environ.get("CUDA_HOME"))
-    return "cuda" if has_nvcc else "triton"
+    return "cuda" if _has_nvcc() else "triton"
+
+
+@functools.lru_cache(maxsize=None)
+def _has_nvcc() -> bool:  # once per process: a PATH search on every decode step's layer would cost host time
+    return shutil.which("nvcc") is not None or bool(os.environ.get("CUDA_HOME"))
 
 
 def _module(backend: str, kind: str):

@@ -1,7 +1,8 @@
 """Loader and launchers for the CUDA kernels in csrc/ (built on demand, cached).
 
-The attention and pack kernels build per head dim (`load`); the decode-time linear layers once (`load_linear`,
-used by quant/kernels/fused_linear.py).
+The attention and pack kernels build per head dim (`load`); the decode-time layer kernels once (`load_layers`: the
+linear layers of quant/kernels/fused_linear.py, and the RMSNorm and RoPE that triton_norm / triton_rope launch on
+CUDA in place of their Triton kernels, `rms_norm` / `rope` here).
 
 `load(head_dim)` compiles csrc/oscar_bindings.cu through torch.utils.cpp_extension.load for one
 specialization (head dim, target arch, register budget) under a deterministic name that includes a
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -74,26 +76,111 @@ def load(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: b
         head_dim, arch, min_blocks), extra_include_paths=[str(CSRC)], build_directory=str(build), verbose=verbose)
 
 
-LINEAR_SOURCES = ("linear_bindings.cu", "include/oscar_gemv.cuh")
+LAYER_SOURCES = ("layer_bindings.cu", "include/oscar_type16.cuh", "include/oscar_gemv.cuh", "include/oscar_rmsnorm.cuh",
+                 "include/oscar_rope.cuh")
 
 
 @functools.lru_cache(maxsize=None)
-def load_linear(arch: str | None = None, verbose: bool = False):
-    """Build (or reuse) and import the decode-time linear kernels (csrc/linear_bindings.cu, include/oscar_gemv.cuh):
-    one build per target arch, named oscar_linear_sm{arch}_{hash of sources and flags}, in `cache_dir()`."""
+def load_layers(arch: str | None = None, verbose: bool = False):
+    """Build (or reuse) and import the decode-time layer kernels (csrc/layer_bindings.cu: GEMV, RMSNorm, RoPE): one
+    build per target arch, named oscar_layers_sm{arch}_{hash of sources and flags}, in `cache_dir()`."""
     from torch.utils.cpp_extension import load as cpp_load
 
     arch = arch or target_arch()
     flags = ["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-lineinfo"]
     h = hashlib.sha256()
-    for rel in LINEAR_SOURCES:
+    for rel in LAYER_SOURCES:
         h.update((CSRC / rel).read_bytes())
     h.update(" ".join(flags).encode())
-    name = f"oscar_linear_sm{arch}_{h.hexdigest()[:12]}"
+    name = f"oscar_layers_sm{arch}_{h.hexdigest()[:12]}"
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
-    return cpp_load(name=name, sources=[str(CSRC / "linear_bindings.cu")], extra_cuda_cflags=flags,
+    return cpp_load(name=name, sources=[str(CSRC / "layer_bindings.cu")], extra_cuda_cflags=flags,
                     extra_include_paths=[str(CSRC)], build_directory=str(build), verbose=verbose)
+
+
+_LAYERS_FAILED: list[str] = []
+
+
+def layers_ready() -> bool:
+    """Whether the layer extension is built (or builds now). Where it cannot build (no nvcc, an old GPU), a patched
+    model warns once and keeps torch's linear layers and the Triton norms and RoPE instead of failing the run."""
+    if _LAYERS_FAILED:
+        return False
+    try:
+        load_layers()
+        return True
+    except Exception as e:  # noqa: BLE001 - any build or import error means: use the fallbacks
+        _LAYERS_FAILED.append(f"{type(e).__name__}: {e}")
+        warnings.warn(f"quant.kernels.cuda: the decode-time layer extension did not build ({_LAYERS_FAILED[0][:300]}); "
+                      "linear layers stay on torch, RMSNorm and RoPE on Triton (OSCAR_FUSED_LINEAR=0 and "
+                      "OSCAR_LAYER_KERNELS=triton silence this)", stacklevel=3)
+        return False
+
+
+def layer_kernels_on(device: torch.device) -> bool:
+    """Whether the patched RMSNorms and RoPE of a model on `device` launch the CUDA kernels (else Triton's): on a
+    CUDA device with the CUDA backend (quant.kernels.default_backend) and a built extension, unless
+    OSCAR_LAYER_KERNELS=triton. The kernels are the same formula; the C++ launch costs a few microseconds where
+    Triton's Python launcher costs tens, which bounds eager decoding (quant/kernels/NOTES.md run 60)."""
+    key = (device, os.environ.get("OSCAR_LAYER_KERNELS"))
+    on = _LAYER_KERNELS_ON.get(key)
+    if on is None:  # decided once per device and setting: this runs before each of a decode step's 181 launches
+        from quant.kernels import default_backend
+
+        on = _LAYER_KERNELS_ON[key] = key[1] != "triton" and default_backend(device) == "cuda" and layers_ready()
+    return on
+
+
+_LAYER_KERNELS_ON: dict[tuple[torch.device, str | None], bool] = {}
+
+
+NORM_DTYPES = (torch.float16, torch.bfloat16)
+NORM_MAX_N = 16384
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """x [..., N] as the [rows, N] view the CUDA RMSNorm takes, or None when it does not take these inputs (one
+    fp16/bf16 dtype, N % 8 == 0 up to NORM_MAX_N, 16-byte aligned rows, a contiguous aligned weight)."""
+    n = x.shape[-1] if x.dim() else 0
+    if not (x.dtype in NORM_DTYPES and weight.dtype == x.dtype and n and n % 8 == 0 and n <= NORM_MAX_N
+            and weight.is_contiguous() and weight.data_ptr() % 16 == 0 and weight.device == x.device):
+        return None
+    try:
+        x2 = x.view(-1, n)
+    except RuntimeError:  # strides that do not collapse to rows
+        return None
+    ok = x2.stride(-1) == 1 and x2.data_ptr() % 16 == 0 and (x2.shape[0] <= 1 or x2.stride(0) % 8 == 0)
+    return x2 if ok else None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [..., N] with weight [N] on the CUDA kernel (csrc/include/oscar_rmsnorm.cuh), transformers'
+    formula and rounding -> a contiguous tensor of x's shape and dtype. Inputs as `rms_norm_rows` takes."""
+    x2 = rms_norm_rows(x, weight)
+    if x2 is None:
+        raise ValueError(f"cuda.rms_norm: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype}: "
+                         f"need one fp16/bf16 dtype, N % 8 == 0 up to {NORM_MAX_N}, 16-byte aligned rows "
+                         "(quant.kernels.triton_norm.rms_norm takes the rest)")
+    return load_layers().rms_norm(x2, weight, float(eps)).view(x.shape)
+
+
+def rope_takes(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether the CUDA RoPE takes inputs that quant.kernels.triton_rope.supported accepts: D % 8 == 0 and 8-byte
+    loads (aligned bases, strides in whole 4-element units)."""
+    if q.shape[-1] % 8:
+        return False
+    for t in (q, k, cos, sin):
+        if t.data_ptr() % 8 or any(st % 4 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
+            return False
+    return True
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q * cos + rotate_half(q) * sin, the same for k) on the CUDA kernel (csrc/include/oscar_rope.cuh), with
+    transformers' bits; q/k [B, H, L, D], cos/sin [B or 1, L, D]. Outputs keep q's and k's strides."""
+    oq, ok = load_layers().rope(q, k, cos, sin)
+    return oq, ok
 
 
 _SYLVESTER_CHECKED: dict[tuple[int, int], bool] = {}

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import os
 import types
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -134,11 +133,11 @@ def linears(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Ten
 def _launch(x: torch.Tensor, weights, biases, w_up: torch.Tensor | None = None,
             rows: int | None = None) -> list[torch.Tensor]:
     """The kernel call, inputs already checked (`linears`, `silu_mul`, or a patched forward's `supported`)."""
-    from quant.kernels.cuda import load_linear
+    from quant.kernels.cuda import load_layers
 
     none = _empty(x)
     n = sum(w.shape[0] for w in weights)
-    outs = load_linear().gemv(_rows(x), list(weights), [none if b is None else b for b in biases],
+    outs = load_layers().gemv(_rows(x), list(weights), [none if b is None else b for b in biases],
                               none if w_up is None else w_up, rows or rows_per_cta(n, x.device))
     return [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
 
@@ -157,24 +156,11 @@ def silu_mul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, rows: in
     return _launch(x, [w_gate], [None], w_up, rows)[0]
 
 
-_BUILD_FAILED: list[str] = []
-
-
 def _kernel_ready() -> bool:
-    """Whether the extension is built (or builds now). A patched model on a machine where it cannot build (no
-    nvcc, an old GPU) warns once and keeps torch's layers instead of failing the run."""
-    if _BUILD_FAILED:
-        return False
-    try:
-        from quant.kernels.cuda import load_linear
+    """Whether the extension is built (or builds now); where it cannot build, one warning and torch's layers."""
+    from quant.kernels.cuda import layers_ready
 
-        load_linear()
-        return True
-    except Exception as e:  # noqa: BLE001 - any build or import error means: use torch
-        _BUILD_FAILED.append(f"{type(e).__name__}: {e}")
-        warnings.warn(f"quant.kernels.fused_linear: the GEMV extension did not build ({_BUILD_FAILED[0][:300]}); "
-                      "linear layers stay on torch (set OSCAR_FUSED_LINEAR=0 to silence this)", stacklevel=3)
-        return False
+    return layers_ready()
 
 
 def _bias_ok(bias: torch.Tensor | None, x: torch.Tensor) -> bool:

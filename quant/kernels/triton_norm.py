@@ -1,5 +1,9 @@
 """Triton RMSNorm in one kernel, and `fuse_rms_norms`, which puts it under a transformers model's norms.
 
+On CUDA the patched norms launch the same formula as a CUDA kernel when it takes the inputs
+(quant.kernels.cuda.rms_norm, csrc/include/oscar_rmsnorm.cuh: its C++ launch costs a third of Triton's host time);
+this kernel is the fallback, the backend CI runs under the interpreter, and the one that takes mixed dtypes.
+
 transformers' Llama/Qwen RMSNorm runs as ~7 elementwise and reduction kernels; a Qwen3-8B decode step
 calls it 145 times (two per layer, q_norm/k_norm per head, the final norm). For x [..., N] and weight [N]:
     h = float32(x);  r = rsqrt(mean(h^2 over N) + eps);  out = weight * dtype_x(h * r)
@@ -102,11 +106,18 @@ def enabled() -> bool:
 
 
 def _fused_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Instance forward of a patched norm: the kernel on CUDA, the class's forward everywhere else."""
+    """Instance forward of a patched norm: on CUDA the CUDA kernel (quant.kernels.cuda.rms_norm: fp16/bf16 with a
+    weight of the same dtype, N % 8 == 0, `layer_kernels_on`) or this Triton kernel; the class's forward elsewhere."""
     w = self.weight
     grad = torch.is_grad_enabled() and (hidden_states.requires_grad or w.requires_grad)  # kernel has no backward
     if (hidden_states.is_cuda and not grad and hidden_states.dtype in DTYPES and w.dtype in DTYPES
             and 0 < hidden_states.shape[-1] <= MAX_N):
+        from quant.kernels import cuda
+
+        if cuda.layer_kernels_on(hidden_states.device):  # the same formula as one C++ launch (csrc/)
+            x2 = cuda.rms_norm_rows(hidden_states, w)
+            if x2 is not None:
+                return cuda.load_layers().rms_norm(x2, w, float(self.variance_epsilon)).view(hidden_states.shape)
         return rms_norm(hidden_states, w, self.variance_epsilon)
     return type(self).forward(self, hidden_states)
 

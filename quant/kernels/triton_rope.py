@@ -1,5 +1,8 @@
 """Rotary position embedding of q and k in one Triton kernel, and `fuse_rotary`, which puts it under a model.
 
+On CUDA the patched RoPE launches the same formula as a CUDA kernel when the layout suits it (quant.kernels.cuda.rope,
+csrc/include/oscar_rope.cuh, same bits); this kernel is the fallback and the one CI runs under the interpreter.
+
 transformers applies RoPE as `q * cos + rotate_half(q) * sin` (and the same for k): ten elementwise kernels
 per layer (4 multiplies, 2 adds, 2 negations, 2 concatenations). At batch 1 they are ~0.7 ms of a 36-layer
 Qwen3-8B decode step on an H100 (run 26's profile), about as much as the OScaR attention saves beside
@@ -107,11 +110,16 @@ def enabled() -> bool:
 def _fused(original):
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         if q.is_cuda and supported(q, k, cos, sin, unsqueeze_dim):
+            from quant.kernels import cuda
+
+            if cuda.layer_kernels_on(q.device) and cuda.rope_takes(q, k, cos, sin):  # one C++ launch (csrc/)
+                return cuda.rope(q, k, cos, sin)
             return rope(q, k, cos, sin)
         return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
     apply_rotary_pos_emb.oscar_original = original
-    apply_rotary_pos_emb.__doc__ = "quant.kernels.triton_rope on CUDA, else transformers' own (oscar_original)."
+    apply_rotary_pos_emb.__doc__ = ("quant.kernels.cuda.rope or triton_rope on CUDA, else transformers' own "
+                                     "(oscar_original).")
     return apply_rotary_pos_emb
 
 
