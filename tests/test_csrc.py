@@ -132,6 +132,29 @@ def test_cuda_pack_matches_reference(rotate, token_norm):
 
 
 @needs_gpu
+@pytest.mark.parametrize("d,heads,dtype", [(128, 8, torch.bfloat16), (128, 8, torch.float16), (128, 8, torch.float32),
+                                           (64, 16, torch.bfloat16)])
+def test_cuda_pack_resident_schedule_gives_the_streamed_bits(d, heads, dtype):
+    # A long prefill whose heads fill the CTA's stages once (2 per slot) takes the K-resident schedule when its rows
+    # are 16-byte aligned; the same values one element off that alignment take the streamed schedule with plain loads.
+    # Same arithmetic in the same order: the same codes, scales, zeros and norms, bit for bit.
+    g = torch.Generator().manual_seed(d + heads)
+    t = 32 * 300  # 300 blocks: one CTA per block holds every head
+    k = (torch.randn(1, heads, t, d, generator=g) * 3).to(dtype).cuda()
+    v = torch.randn(1, heads, t, d, generator=g).to(dtype).cuda()
+
+    def misaligned(x):
+        return torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:].view(x.shape).copy_(x)
+
+    resident, streamed = kcuda.pack_kv(k, v), kcuda.pack_kv(misaligned(k), misaligned(v))
+    for a, b in zip(resident[:2], streamed[:2]):
+        assert torch.equal(a.codes, b.codes) and torch.equal(a.scale, b.scale) and torch.equal(a.zero, b.zero)
+    assert torch.equal(resident[2], streamed[2])
+    ref = pack_block(k, v, OScaRConfig(), hadamard(d, device="cuda"))
+    assert (ref[0].unpacked() != resident[0].unpacked()).float().mean().item() <= 1e-4
+
+
+@needs_gpu
 @pytest.mark.parametrize("d,heads,group", [(128, 8, 4), (128, 4, 8), (64, 3, 1)])
 def test_cuda_pack_then_decode_long_and_repeated(d, heads, group):
     # The cache path: the CUDA pack (frag order) feeds the decode with the default split plan (many splits,

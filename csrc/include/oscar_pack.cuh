@@ -21,6 +21,12 @@
 //           current one. K is read a second time here: those loads hit L2 (the CTA read the same 8 KB per head
 //           moments before; heads run last-read-first). (An L2 evict-first hint on V, `cp.async...L2::cache_hint`, raised
 //           "illegal instruction" on the H100 in multi-round CTAs: dropped.)
+// K-resident schedule (`kResident`; long prefills with heads == 2 slots, e.g. 8 heads of 128, aligned inputs, token
+// norm on): the CTA's 2 x 4 stages hold K of all its heads at once, so phase 1 sums the norms from shared memory and K
+// is read from DRAM once, in one burst, instead of a register pass plus an L2 re-read; rounds K, K, V, V per slot, each
+// V fetched one round ahead. Same arithmetic in the same order, so the same bits (tests/test_csrc.py); run 65 (H100,
+// Qwen3 shapes): 16x32K 1790 -> 1727 us, 64x4K 902 -> 877, 1x128K 458 either way. Build flag OSCAR_PACK_RESIDENT=0
+// turns it off.
 // Both units load and rotate in the "row layout" (a thread holds 64 channels of one token: 6 of the 7 butterfly
 // stages in registers, one shuffle stage for D = 128). Values stay there: a 32-channel group's min/max is in
 // registers (+ one shuffle) and each 16-bit half of a frag word is the thread's own 8 codes. Keys go through a
@@ -581,7 +587,21 @@ __device__ __forceinline__ void value_unit(const PackParams& p, const unsigned c
 // ---- the kernel ---------------------------------------------------------------------------------------------
 // Phase-2 schedule: round k, slot s runs head h1 - 1 - (kSlots / 2) k - (s >> 1), K if (s + k) is even else V: slots
 // 2m and 2m + 1 share a head, and every slot alternates K and V (keys cost more) across rounds.
-template <int D, typename T, bool kVec>
+// Where the K-resident schedule keeps chunk j (8 channels) of token t of a head's block: the row-layout offset that
+// fetch_chunk gives it (thread u = the one whose row_token is t and whose row_chunk for slot x is j).
+template <int D, typename T>
+__device__ __forceinline__ int resident_offset(int t, int j) {
+  using G = Geo<D, T>;
+  if constexpr (D == 128) {
+    const int u = 32 * (t >> 4) + 2 * (t & 15) + (j & 1), x = j >> 1;
+    return (x * G::kUnit + u) * G::kChunk;
+  } else {
+    const int x = 4 * (j & 1) + (j >> 1);
+    return (x * G::kUnit + t) * G::kChunk;
+  }
+}
+
+template <int D, typename T, bool kVec, bool kResident>
 __global__ void __launch_bounds__(kPackThreads, 2) pack_kernel(const PackParams p, int heads_per_cta) {
   using G = Geo<D, T>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -612,6 +632,62 @@ __global__ void __launch_bounds__(kPackThreads, 2) pack_kernel(const PackParams 
     for (int s = 0; s < 8; ++s)
       fetch_chunk<T, kVec>(st + (s * G::kUnit + u) * G::kChunk, src + 8 * row_chunk<D>(lane & 1, s));
   };
+
+  if constexpr (kResident) {
+    // K-resident schedule (every head of a long prefill in one CTA, heads == 2 kSlots, aligned inputs, token norm):
+    // slot s holds K of heads 2s, 2s + 1 in its two stages, so K is read from DRAM once, by one burst of cp.async
+    // (64 KB for 8 heads of 128), and the token norms are summed from shared memory in phase 1's order (same bits).
+    // Rounds: K(2s), K(2s + 1), V(2s), V(2s + 1); each V block is fetched one round ahead into the stage the K
+    // before it has released.
+    auto fetch_unit = [&](int head, bool values, int stage) {
+      const T* src = values ? vb + head * p.v_sh + row_token<D>(u) * p.v_st : kb + head * p.k_sh + row_token<D>(u) * p.k_st;
+      unsigned char* st = slot_mem + stage * (G::kStage + G::kXtra);
+#pragma unroll
+      for (int x = 0; x < 8; ++x)
+        fetch_chunk<T, true>(st + (x * G::kUnit + u) * G::kChunk, src + 8 * row_chunk<D>(lane & 1, x));
+    };
+    const int h0k = 2 * slot;
+    fetch_unit(h0k, false, 0);
+    fetch_unit(h0k + 1, false, 1);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();  // phase 1 reads every slot's stages
+    {
+      const int tt = threadIdx.x >> 3, k8 = threadIdx.x & 7, n = p.heads * (D / 64);
+      float acc = 0.f;
+      for (int i = 0; i < n; ++i) {  // chunk k8 + 8 i of the token's row of all heads, in phase 1's order
+        const int head = D == 128 ? i >> 1 : i, j = D == 128 ? k8 + 8 * (i & 1) : k8;
+        float y[8];
+        smem_chunk<T>(smem + (head >> 1) * G::kSlotBytes + (head & 1) * (G::kStage + G::kXtra) +
+                          resident_offset<D, T>(tt, j), y);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc = fmaf(y[c], y[c], acc);
+      }
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+      if (k8 == 0) {
+        float nt = __fsqrt_rn(acc);
+        nt = nt > 0.f ? nt : 1.f;
+        nrm[tt] = nt, nrcp[tt] = __frcp_rn(nt);
+        p.norms[static_cast<int64_t>(b) * p.tokens + t0 + tt] = nt;
+      }
+      __syncthreads();
+    }
+    const int64_t bh0 = static_cast<int64_t>(b) * p.heads + h0k;
+    key_unit<D, T>(p, slot_mem, reinterpret_cast<float*>(slot_mem), u, slot, bh0, grp, red, par, nrm, nrcp);
+    fetch_unit(h0k, true, 0);  // stage 0 and its tile are free: every thread of the unit passed key_unit's syncs
+    cp_async_commit();
+    key_unit<D, T>(p, stage_of(1), reinterpret_cast<float*>(slot_mem + G::kStage), u, slot, bh0 + 1, grp, red, par,
+                   nrm, nrcp);
+    fetch_unit(h0k + 1, true, 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    value_unit<D, T>(p, slot_mem, u, bh0, t0);
+    cp_async_wait<0>();
+    value_unit<D, T>(p, stage_of(1), u, bh0 + 1, t0);
+    return;
+  }
 
   fetch(0);
   if constexpr (kVec) cp_async_commit();
@@ -704,28 +780,41 @@ inline int plan_heads(int heads, int groups, int batch, int sms, int min_heads, 
 }
 
 namespace {
-template <int D, typename T, bool kVec>
+template <int D, typename T, bool kVec, bool kResident>
 bool configured[64] = {};  // per device; internal linkage, see decode_configured (oscar_combine.cuh)
 }  // namespace
+
+template <int D, typename T, bool kVec, bool kResident>
+cudaError_t launch_as(const PackParams& p, int batch, int chunks, int per_cta, cudaStream_t stream) {
+  using G = Geo<D, T>;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64 || !configured<D, T, kVec, kResident>[dev]) {
+    auto* kernel = pack_kernel<D, T, kVec, kResident>;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSmem);
+    if (e == cudaSuccess)  // two CTAs per SM need (nearly) all of the unified L1 / shared memory as shared
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess) return e;
+    if (dev >= 0 && dev < 64) configured<D, T, kVec, kResident>[dev] = true;
+  }
+  pack_kernel<D, T, kVec, kResident><<<dim3(p.tokens / kGroup, chunks, batch), kPackThreads, G::kSmem, stream>>>(p, per_cta);
+  return cudaGetLastError();
+}
+
+#ifndef OSCAR_PACK_RESIDENT
+#define OSCAR_PACK_RESIDENT 1
+#endif
 
 template <int D, typename T, bool kVec>
 cudaError_t launch(const PackParams& p, int batch, cudaStream_t stream) {
   using G = Geo<D, T>;
-  const int groups = p.tokens / kGroup;
   int chunks = 1;
-  const int per_cta = plan_heads(p.heads, groups, batch, sm_count(), G::kSlots / 2, &chunks);
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64 || !configured<D, T, kVec>[dev]) {
-    cudaError_t e = cudaFuncSetAttribute(pack_kernel<D, T, kVec>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSmem);
-    if (e == cudaSuccess)  // two CTAs per SM need (nearly) all of the unified L1 / shared memory as shared
-      e = cudaFuncSetAttribute(pack_kernel<D, T, kVec>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared);
-    if (e != cudaSuccess) return e;
-    if (dev >= 0 && dev < 64) configured<D, T, kVec>[dev] = true;
+  const int per_cta = plan_heads(p.heads, p.tokens / kGroup, batch, sm_count(), G::kSlots / 2, &chunks);
+  if constexpr (kVec) {  // every head in one CTA, one K block per stage: the K-resident schedule
+    if (OSCAR_PACK_RESIDENT && chunks == 1 && p.token_norm && p.heads == 2 * G::kSlots)
+      return launch_as<D, T, true, true>(p, batch, chunks, per_cta, stream);
   }
-  pack_kernel<D, T, kVec><<<dim3(groups, chunks, batch), kPackThreads, G::kSmem, stream>>>(p, per_cta);
-  return cudaGetLastError();
+  return launch_as<D, T, kVec, false>(p, batch, chunks, per_cta, stream);
 }
 
 }  // namespace pack
