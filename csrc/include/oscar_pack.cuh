@@ -587,6 +587,21 @@ __device__ __forceinline__ void value_unit(const PackParams& p, const unsigned c
 // ---- the kernel ---------------------------------------------------------------------------------------------
 // Phase-2 schedule: round k, slot s runs head h1 - 1 - (kSlots / 2) k - (s >> 1), K if (s + k) is even else V: slots
 // 2m and 2m + 1 share a head, and every slot alternates K and V (keys cost more) across rounds.
+// Phase 1's end: the 8 partial sums of token tt (lanes k8 = 0..7) -> n_t = sqrt (n <= 0 -> 1) and RN(1 / n_t) in
+// shared memory, and n_t to out[tt] unless out is null (a CTA of a head chunk other than the first); a CTA barrier.
+__device__ __forceinline__ void token_norm_finish(float acc, int tt, int k8, float* nrm, float* nrcp, float* out) {
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+  if (k8 == 0) {
+    float nt = __fsqrt_rn(acc);
+    nt = nt > 0.f ? nt : 1.f;
+    nrm[tt] = nt, nrcp[tt] = __frcp_rn(nt);
+    if (out != nullptr) out[tt] = nt;
+  }
+  __syncthreads();
+}
+
 // Where the K-resident schedule keeps chunk j (8 channels) of token t of a head's block: the row-layout offset that
 // fetch_chunk gives it (thread u = the one whose row_token is t and whose row_chunk for slot x is j).
 template <int D, typename T>
@@ -663,16 +678,7 @@ __global__ void __launch_bounds__(kPackThreads, 2) pack_kernel(const PackParams 
 #pragma unroll
         for (int c = 0; c < 8; ++c) acc = fmaf(y[c], y[c], acc);
       }
-      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-      if (k8 == 0) {
-        float nt = __fsqrt_rn(acc);
-        nt = nt > 0.f ? nt : 1.f;
-        nrm[tt] = nt, nrcp[tt] = __frcp_rn(nt);
-        p.norms[static_cast<int64_t>(b) * p.tokens + t0 + tt] = nt;
-      }
-      __syncthreads();
+      token_norm_finish(acc, tt, k8, nrm, nrcp, p.norms + static_cast<int64_t>(b) * p.tokens + t0);
     }
     const int64_t bh0 = static_cast<int64_t>(b) * p.heads + h0k;
     key_unit<D, T>(p, slot_mem, reinterpret_cast<float*>(slot_mem), u, slot, bh0, grp, red, par, nrm, nrcp);
@@ -724,16 +730,7 @@ __global__ void __launch_bounds__(kPackThreads, 2) pack_kernel(const PackParams 
 #pragma unroll
       for (int c = 0; c < 8; ++c) acc = fmaf(y[c], y[c], acc);
     }
-    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-    if (k8 == 0) {
-      float nt = __fsqrt_rn(acc);
-      nt = nt > 0.f ? nt : 1.f;
-      nrm[tt] = nt, nrcp[tt] = __frcp_rn(nt);
-      if (blockIdx.y == 0) p.norms[static_cast<int64_t>(b) * p.tokens + t0 + tt] = nt;
-    }
-    __syncthreads();
+    token_norm_finish(acc, tt, k8, nrm, nrcp, blockIdx.y == 0 ? p.norms + static_cast<int64_t>(b) * p.tokens + t0 : nullptr);
   }
 
   for (int k = 0; k < rounds; ++k) {
