@@ -31,10 +31,11 @@ SHAPES = {  # name: (query heads, KV heads, head_dim)
 }
 POINTS = "1x1024,1x4096,1x32768,1x131072,16x32768,64x4096"
 E2E_CONTEXTS = "4096,32768,131072"
+GENERATE_CONTEXTS = "4096,32768"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--what", choices=["kernels", "e2e", "all"], default="all")
+    p.add_argument("--what", choices=["kernels", "e2e", "generate", "all"], default="all")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {list(SHAPES)}")
     p.add_argument("--points", default=POINTS, help="comma list of BATCHxCONTEXT")
     p.add_argument("--backends", default="cuda,triton",
@@ -42,6 +43,9 @@ def add_arguments(p) -> None:
     p.add_argument("--flex", action="store_true", help="also time compiled FlexAttention (slow to compile)")
     p.add_argument("--e2e-contexts", default=E2E_CONTEXTS)
     p.add_argument("--e2e-steps", type=int, default=20)
+    p.add_argument("--generate-contexts", default=GENERATE_CONTEXTS,
+                   help="prompt lengths for the generate benchmark (make eval's path)")
+    p.add_argument("--generate-tokens", type=int, default=256, help="new tokens per generate call")
     p.add_argument("--out", default=None, help="JSON path (default results/bench/bench-<time>.json)")
 
 
@@ -413,6 +417,61 @@ def run_e2e(args) -> list[dict]:
     return rows
 
 
+def generate_point(model, kind: str, ctx: int, new: int) -> dict:
+    """One greedy `generate` of `new` tokens after a random `ctx`-token prompt, the way `make eval` runs it: BF16 on
+    transformers' default cache ("bf16"), or quant.make_cache("oscar", model) on the kernel path with its decode steps
+    eager ("oscar-eager") or replayed as CUDA graphs ("oscar", quant.kernels.graph_decode). Wall times; decode
+    ms/token = (generate of `new` tokens - generate of 1 token) / (new - 1), the best of two of each."""
+    import contextlib
+
+    import torch
+
+    import quant
+    from quant.kernels.graph_decode import GraphDecoder
+
+    prompt = torch.randint(0, model.config.vocab_size, (1, ctx), generator=torch.Generator().manual_seed(ctx))
+    prompt = prompt.to("cuda")
+    counts = {}
+
+    def run(n: int) -> float:
+        cache = None if kind == "bf16" else quant.make_cache("oscar", model)
+        dec = GraphDecoder(model, cache) if kind == "oscar" else contextlib.nullcontext()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.inference_mode(), dec:
+            model.generate(prompt, past_key_values=cache, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        torch.cuda.synchronize()
+        if kind == "oscar":
+            counts.update(dec.counts)
+        return time.perf_counter() - t0
+
+    run(3)  # warm-up: kernel builds, cuDNN plans, the allocator
+    first = min(run(1) for _ in range(2))
+    total = min(run(new) for _ in range(2))
+    ms = 1e3 * (total - first) / (new - 1)
+    return {"kind": kind, "context": ctx, "new_tokens": new, "prefill_s": first, "generate_s": total,
+            "decode_ms_per_token": ms, "tokens_per_s": 1e3 / ms, "graph_counts": counts or None}
+
+
+def run_generate(args) -> list[dict]:
+    import torch
+
+    model = build_model(qwen3_8b_config())
+    rows = []
+    for ctx in (int(c) for c in args.generate_contexts.split(",") if c):
+        for kind in ("bf16", "oscar-eager", "oscar"):
+            try:
+                rows.append(generate_point(model, kind, ctx, args.generate_tokens))
+            except torch.cuda.OutOfMemoryError as err:
+                rows.append({"kind": kind, "context": ctx, "error": f"out of memory: {str(err).splitlines()[0]}"})
+            torch.cuda.empty_cache()
+            r = rows[-1]
+            print(f"generate {kind:>11} 1x{ctx:<6} " + (r["error"] if "error" in r else
+                  f"prefill {r['prefill_s']:6.2f} s  decode {r['decode_ms_per_token']:7.2f} ms/token "
+                  f"({r['tokens_per_s']:6.1f} tok/s)  graphs {r['graph_counts']}"), flush=True)
+    return rows
+
+
 def _e2e_line(r: dict) -> str:
     if "error" in r:
         return f"e2e {r['kind']:>5} ctx {r['context']}: {r['error']}"
@@ -456,6 +515,9 @@ def main(args) -> int:
         out.write_text(json.dumps(result, indent=1, default=str))  # kept even if the e2e part dies
     if args.what in ("e2e", "all"):
         result["e2e"] = run_e2e(args)
+        out.write_text(json.dumps(result, indent=1, default=str))
+    if args.what in ("generate", "all"):
+        result["generate"] = run_generate(args)
         out.write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out}")
     return 0

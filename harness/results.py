@@ -394,13 +394,14 @@ def environment() -> dict[str, Any]:
 # of quant.kernels.triton_norm / triton_rope / fused_linear: on unless the variable is "0"). The fused linear layers
 # sum in another order than cuBLAS, so GPU results with and without them can differ in the last bits.
 KERNEL_SWITCHES = {"fused_norm": "OSCAR_FUSED_NORM", "fused_rope": "OSCAR_FUSED_ROPE",
-                   "fused_linear": "OSCAR_FUSED_LINEAR"}
+                   "fused_linear": "OSCAR_FUSED_LINEAR", "cuda_graphs": "OSCAR_CUDA_GRAPHS"}
 
 
 def kernel_switches() -> dict[str, bool]:
     """Which model-level kernels were switched on for this run (they only act on a GPU). cuda_norm_rope: the norms
     and RoPE launch the CUDA kernels rather than the Triton ones (OSCAR_LAYER_KERNELS=triton; another summation
-    order in the norm)."""
+    order in the norm). cuda_graphs: OScaR's kernel-path decode steps replay CUDA graphs (quant.kernels.graph_decode;
+    the same numbers, less host time)."""
     switches = {name: os.environ.get(var, "1") != "0" for name, var in KERNEL_SWITCHES.items()}
     switches["cuda_norm_rope"] = os.environ.get("OSCAR_LAYER_KERNELS", "cuda") != "triton"
     return switches

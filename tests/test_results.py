@@ -121,7 +121,8 @@ def test_environment_records_the_kernel_switches(monkeypatch):
     monkeypatch.delenv("OSCAR_FUSED_NORM", raising=False)
     monkeypatch.setenv("OSCAR_FUSED_ROPE", "1")
     monkeypatch.delenv("OSCAR_LAYER_KERNELS", raising=False)
+    monkeypatch.setenv("OSCAR_CUDA_GRAPHS", "0")
     assert environment()["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": False,
-                                        "cuda_norm_rope": True}
+                                        "cuda_graphs": False, "cuda_norm_rope": True}
     monkeypatch.setenv("OSCAR_LAYER_KERNELS", "triton")
     assert environment()["kernels"]["cuda_norm_rope"] is False

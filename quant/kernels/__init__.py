@@ -52,8 +52,38 @@ def decode_attention(query, kv, scaling: float, backend: str | None = None, **op
     if backend == "torch":
         from quant.attention import packed_attention_reference
 
+        kv = valid_part(kv, options.get("kv_lens"), options.get("res_lens"))
         return packed_attention_reference(query, kv, scaling)
     return _module(backend, "decode").decode_attention(query, kv, scaling, **options)
+
+
+def valid_part(kv, kv_lens=None, res_lens=None):
+    """kv cut to its valid tokens (buffers kept at capacity hold more), for the reference attention, which takes
+    one length for the whole batch: lengths that differ between sequences raise. Reads the lengths back."""
+    from dataclasses import replace
+
+    def one(lens, what):
+        if lens is None:
+            return None
+        values = torch.as_tensor(lens).reshape(-1).tolist()
+        if len(set(values)) > 1:
+            raise ValueError(f"the torch reference attention takes one {what} for the whole batch, got {values}: "
+                             "use a kernel backend (cuda, triton) for sequences of different lengths")
+        return values[0] if values else None
+
+    t, r = one(kv_lens, "kv_lens"), one(res_lens, "res_lens")
+    if t is not None and kv.k is not None and t < kv.k.num_tokens:
+        if t == 0:
+            kv = replace(kv, k=None, v=None, norms=None)
+        else:
+            kq, g = kv.k, kv.k.group
+            k = replace(kq, codes=kq.codes[:, :, :t * kq.bits // 32], scale=kq.scale[:, :, :t // g],
+                        zero=kq.zero[:, :, :t // g])
+            v = kv.v.map(lambda x: x[:, :, :t])
+            kv = replace(kv, k=k, v=v, norms=kv.norms[:, :t] if kv.norms is not None else None)
+    if r is not None and r < kv.k_res.shape[-2]:
+        kv = replace(kv, k_res=kv.k_res[:, :, :r], v_res=kv.v_res[:, :, :r])
+    return kv
 
 
 def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, backend: str | None = None):

@@ -94,6 +94,8 @@ class OScaRLayer(QuantLayer):
         self.k_res: torch.Tensor | None = None
         self.v_res: torch.Tensor | None = None
         self._rot: torch.Tensor | None = None
+        self._win: tuple[torch.Tensor, torch.Tensor] | None = None  # the fast path's fixed window (see _fast_step)
+        self._win_len: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states, value_states):
         super().lazy_initialization(key_states, value_states)
@@ -121,10 +123,66 @@ class OScaRLayer(QuantLayer):
         would attend to its padding."""
         fast = self.ctx.shared.get("fast_decode") and key_states.shape[0] == 1
         if key_states.shape[-2] == 1 and fast and self.is_initialized:
-            self._append(key_states, value_states)
-            self.seen += 1
-            return self.packed_view(), None
+            return self._fast_step(key_states, value_states), None
+        self._win = None  # the dense path re-forms k_res; a later fast step copies it into new buffers
         return super().update(key_states, value_states, *args, **kwargs)
+
+    # -- the kernels' decode step ------------------------------------------------------------
+    # The window lives in fixed buffers of R tokens (`_win`) whose valid length is counted on the device
+    # (`_win_len`, the kernels' res_lens), and k_res / v_res are views of their first tokens. A step's device
+    # work then has the same shapes and addresses every time, so a CUDA graph can replay it
+    # (quant.kernels.graph_decode); the host's share is `advance_host`. The token that fills the window
+    # flushes it like `_append` (never inside a graph: see `graph_ready`). nbytes() counts the valid window
+    # tokens, as the reference path stores them; the buffers hold up to R - 1 more.
+
+    def _fast_step(self, k, v):
+        from quant.kernels.hf_decode import PackedStep
+
+        if self._win is None:
+            self._open_window()
+        if self.k_res.shape[-2] + 1 == self.config.residual_length:
+            self._append(k, v)  # the window and this token: R tokens packed, nothing left over
+            self._win_len.zero_()
+            self.k_res, self.v_res = self._win[0][..., :0, :], self._win[1][..., :0, :]
+            self.seen += 1
+        else:
+            pos = self._win_len.long()
+            self._win[0].index_copy_(2, pos, k)
+            self._win[1].index_copy_(2, pos, v)
+            self._win_len.add_(1)
+            self.advance_host()
+        kv = PackedKV(self.k_q, self.v_q, self.norms, self._win[0], self._win[1], self._rot)
+        return PackedStep(kv, None, self._win_len)
+
+    def _open_window(self):
+        b, h, n, d = self.k_res.shape
+        self._win = tuple(torch.zeros(b, h, self.config.residual_length, d, dtype=x.dtype, device=x.device)
+                          for x in (self.k_res, self.v_res))
+        self._win[0][..., :n, :] = self.k_res
+        self._win[1][..., :n, :] = self.v_res
+        self._win_len = torch.full((b,), n, dtype=torch.int32, device=self.k_res.device)
+        self.k_res, self.v_res = self._win[0][..., :n, :], self._win[1][..., :n, :]
+
+    def graph_ready(self) -> bool:
+        """Whether the next decode step is the same device work as the last one: the window is open and the
+        step's token does not fill it."""
+        return self._win is not None and self.k_res.shape[-2] + 1 < self.config.residual_length
+
+    def advance_host(self):
+        """The host's share of a decode step whose device work (window write, length + 1) ran or was replayed."""
+        n = self.k_res.shape[-2] + 1
+        self.k_res, self.v_res = self._win[0][..., :n, :], self._win[1][..., :n, :]
+        self.seen += 1
+
+    def host_state(self):
+        return self.k_res, self.v_res, self.seen
+
+    def set_host_state(self, state):
+        self.k_res, self.v_res, self.seen = state
+
+    def reset(self) -> None:
+        super().reset()
+        self._win = None
 
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The quantized part back in the model's basis, float32 [B, H, Tq, D] (None if empty)."""

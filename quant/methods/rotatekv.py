@@ -96,7 +96,10 @@ def find_rope(model):
 
     def cos_sin(positions: torch.Tensor):
         dummy = torch.zeros(1, dtype=torch.float32, device=positions.device)
-        cos, sin = emb(dummy, positions.view(1, -1))
+        pos = positions.view(1, -1)
+        if getattr(emb, "mrope_section", None) is not None:  # M-RoPE: a text token has one position on all 3 axes
+            pos = pos.expand(3, 1, -1)  # (transformers 5.17 takes only [3, B, T]; 5.23 also [B, T])
+        cos, sin = emb(dummy, pos)
         return cos.reshape(-1, cos.shape[-1]).float(), sin.reshape(-1, sin.shape[-1]).float()
 
     return cos_sin

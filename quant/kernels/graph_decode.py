@@ -1,0 +1,159 @@
+"""CUDA-graph replay of one-token decode steps inside transformers' `generate`, on the OScaR kernel path.
+
+`make eval` decodes through `generate`: one eager `forward` per token, about a thousand kernel launches from
+Python on an 8B model, so the GPU waits on the host (quant/kernels/NOTES.md: 17-37 ms a step eager against
+6-8 ms replayed as a graph). `decode_graphs(model, cache)` wraps `model.forward` while `generate` runs:
+- the prefill, calls that are not a one-token step over `cache`, the first decode step (the warm-up: it opens
+  the layers' fixed windows) and every step whose token fills the 128-token window (the flush packs it and
+  replaces the packed tensors) run eagerly;
+- the other steps replay a graph captured at the first of them. The step's tensor inputs (token and position
+  ids) are copied into the graph's own; the cache's device state advances inside the graph (OScaRLayer's fixed
+  window and its device length) and the host advances the layers' counters (`advance_host`). A graph lives
+  until the next flush, then the next step captures a new one (one capture per 128 tokens).
+A capture that fails (a host sync in some model's forward) restores the layers' host state (capturing runs
+no device work), warns once and leaves the rest of the call eager. Graph steps give the eager steps' logits
+bit for bit (tests/test_graph_decode.py). OSCAR_CUDA_GRAPHS=0 turns it off.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import warnings
+
+import torch
+
+TOKEN_TYPES = ("token_type_ids", "mm_token_type_ids", "moe_mm_token_type_ids")
+
+
+def graphs_enabled(model, cache) -> bool:
+    """Graph steps apply to an OScaR cache on the kernel path with the model on a CUDA device."""
+    if os.environ.get("OSCAR_CUDA_GRAPHS", "1") == "0" or cache is None:
+        return False
+    shared = getattr(cache, "shared", None) or {}
+    if not shared.get("fast_decode"):
+        return False
+    try:
+        return next(model.parameters()).device.type == "cuda"
+    except StopIteration:
+        return False
+
+
+def decode_graphs(model, cache):
+    """Context manager around `model.generate(..., past_key_values=cache)`: a GraphDecoder when graphs apply
+    (`graphs_enabled`), else nothing."""
+    return GraphDecoder(model, cache) if graphs_enabled(model, cache) else contextlib.nullcontext()
+
+
+class GraphDecoder:
+    """See the module docstring. `counts` says how many steps ran eagerly, were captured and were replayed."""
+
+    def __init__(self, model, cache):
+        self.model, self.cache = model, cache
+        self.layers = list(cache.layers)
+        if not all(hasattr(layer, "graph_ready") for layer in self.layers):
+            raise ValueError("graph decoding needs a cache whose layers all have fixed-shape decode steps "
+                             "(quant.methods.oscar.OScaRLayer on the kernel path)")
+        self.counts = {"eager": 0, "captured": 0, "replayed": 0}
+        self.failure: str | None = None
+        self._forward = None
+        self._drop()
+
+    def _drop(self):
+        self.graph, self.key, self.inputs, self.out = None, None, None, None
+
+    def __enter__(self):
+        self._forward = self.model.forward  # the bound method (an instance attribute set below shadows it)
+
+        @functools.wraps(self._forward)  # generate reads forward's signature (position_ids, logits_to_keep)
+        def forward(*args, **kwargs):
+            return self.step(*args, **kwargs)
+
+        self.model.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        del self.model.forward  # back to the class's forward
+        self._drop()
+        return False
+
+    # -- one call of forward --------------------------------------------------------------------------
+    def step(self, *args, **kwargs):
+        call = None if args else self._graph_kwargs(kwargs)
+        if call is None:
+            return self._forward(*args, **kwargs)
+        if self.failure is not None or not all(layer.graph_ready() for layer in self.layers):
+            self._drop()  # a flush replaces the packed tensors the graph reads
+            self.counts["eager"] += 1
+            return self._forward(**kwargs)
+        key = signature(call)
+        if self.graph is None or key != self.key:
+            return self._capture(call, key)
+        for name, buf in self.inputs.items():
+            buf.copy_(call[name])
+        self.graph.replay()
+        for layer in self.layers:
+            layer.advance_host()
+        self.counts["replayed"] += 1
+        return self._output()
+
+    def _graph_kwargs(self, kwargs):
+        """The keywords a graph of this step takes, or None when the call is not a one-token step over this cache.
+        What grows by a column every step under older transformers (5.17) is cut to this step's, as 5.23 passes it:
+        a 2D attention mask of ones is left out (the packed attention reads no mask; checking it reads it back, one
+        sync per step, as generate's stopping check does), and token-type ids keep their last column (the models
+        read them only to build position ids, which generate passes)."""
+        ids = kwargs.get("input_ids")
+        if not (kwargs.get("past_key_values") is self.cache and isinstance(ids, torch.Tensor) and ids.shape[-1] == 1
+                and kwargs.get("inputs_embeds") is None):
+            return None
+        call = dict(kwargs)
+        mask = call.pop("attention_mask", None)
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2 or not bool(mask.all())):
+            return None
+        for name in TOKEN_TYPES:  # transformers 5.17 passes Qwen3-VL's whole mm_token_type_ids (5.23: the step's)
+            t = call.get(name)
+            if isinstance(t, torch.Tensor) and t.shape[-1] != 1:
+                call[name] = t[..., -1:]
+        return call
+
+    def _capture(self, kwargs, key):
+        self._drop()
+        saved = [layer.host_state() for layer in self.layers]
+        inputs = {n: v.clone() for n, v in kwargs.items() if isinstance(v, torch.Tensor)}
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):  # its own pool: reusing a dropped graph's trips the allocator (torch 2.11)
+                out = self._forward(**{**kwargs, **inputs})
+        except Exception as err:  # noqa: BLE001 - whatever stops a capture, the step runs eagerly
+            for layer, state in zip(self.layers, saved):
+                layer.set_host_state(state)
+            self.failure = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            warnings.warn(f"CUDA-graph capture of a decode step failed ({self.failure}); decoding eagerly",
+                          stacklevel=3)
+            self.counts["eager"] += 1
+            return self._forward(**kwargs)
+        self.graph, self.key, self.inputs, self.out = graph, key, inputs, out
+        graph.replay()  # capturing recorded the step; this runs it
+        self.counts["captured"] += 1
+        return self._output()
+
+    def _output(self):
+        """The captured output with its logits copied out of the graph's memory (the next replay rewrites it)."""
+        out = self.out
+        fields = {k: (v.clone() if k == "logits" else v) for k, v in out.items()}
+        return type(out)(**fields)
+
+
+def signature(kwargs) -> tuple:
+    """What must match between a captured step and a replayed one: tensor shapes and dtypes, other values."""
+    parts = []
+    for name in sorted(kwargs):
+        v = kwargs[name]
+        if isinstance(v, torch.Tensor):
+            parts.append((name, tuple(v.shape), v.dtype, v.device))
+        elif v is None or isinstance(v, (bool, int, float, str)):
+            parts.append((name, v))
+        else:
+            parts.append((name, id(v)))
+    return tuple(parts)
