@@ -139,10 +139,18 @@ class GraphDecoder:
         return self._output()
 
     def _output(self):
-        """The captured output with its logits copied out of the graph's memory (the next replay rewrites it)."""
+        """The captured output with its tensors (logits; hidden states or attentions when asked for) copied out of
+        the graph's memory, which the next replay rewrites."""
         out = self.out
-        fields = {k: (v.clone() if k == "logits" else v) for k, v in out.items()}
-        return type(out)(**fields)
+        return type(out)(**{k: _copied(v) for k, v in out.items()})
+
+
+def _copied(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, tuple):
+        return tuple(_copied(v) for v in value)
+    return value  # the cache and plain values
 
 
 def signature(kwargs) -> tuple:
