@@ -152,7 +152,7 @@ def run_row(r: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, st
         "bits/elt": fmt(s["bits_per_element"], 3),
         "KV KiB/item": fmt(kv / 1024 if kv is not None else None, 4),
         "vs bf16": ratio,
-        "tok/s": fmt(s["tokens_per_s"], 3),
+        "tok/s": fmt(s["tokens_per_s"], 3) + (" (graphs)" if (s.get("graph_decode_share") or 0) >= 0.5 else ""),
         "device": s["device"],
         "commit": (r["environment"]["git_commit"] or "–")[:8],
     }

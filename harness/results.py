@@ -342,12 +342,15 @@ def system_figures(records: list[dict[str, Any]], adapter: Any) -> dict[str, Any
     processed, generated = (sum(t) for t in zip(*(_tokens(r) for r in records))) if records else (0, 0)
     bpe = [number(r.get("bits_per_element", (r.get("kv_bytes") or {}).get("bits_per_element"))) for r in records]
     bpe = [b for b in bpe if b is not None]
+    decode_steps = sum(max(int(r.get("new_tokens") or 0) - 1, 0) for r in records)
+    graphed = sum(int(r.get("graph_steps") or 0) for r in records)
     return {
         "kv_bytes": kv_summary(records),
         "bits_per_element": _mean(bpe),
         "wall_s": loop,
         "tokens_per_s": processed / wall if processed and wall > 0 else None,
         "new_tokens_per_s": generated / wall if generated and wall > 0 else None,
+        "graph_decode_share": graphed / decode_steps if decode_steps else None,
         "peak_memory": peak_memory(),
         "device": str(getattr(adapter, "device", None) or next(adapter.model.parameters()).device),
     }

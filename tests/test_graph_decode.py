@@ -201,3 +201,4 @@ def test_multimodal_adapters_decode_the_same_with_graphs(family, monkeypatch):
         outs[graphs] = adapter.generate_ids(inputs, cache, 150, min_new_tokens=150)
     assert torch.equal(outs["0"], outs["1"])
     assert len(seen) == 1 and seen[0]["replayed"] > 100, seen
+    assert cache.shared["graph_steps"] == seen[0]["captured"] + seen[0]["replayed"]  # what the results record

@@ -74,3 +74,9 @@ def test_bench_rows_are_read_and_plotted(workdir):
     assert all(r["run"] == "h100-a" and r["device"] == "NVIDIA H100" for r in rows)
     assert report_html.speed_plot(rows).startswith("data:image/png;base64,")
     assert report_html.latest_run([{"run": "h100-run9"}, {"run": "h100-run39"}, {"run": "h100-run36"}]) == "h100-run39"
+
+def test_speed_of_graph_decoded_runs_is_marked():
+    r = make_result("oscar", [1.0, 0.0])
+    assert "graphs" not in L.run_row(r, None)["tok/s"]
+    r["system"]["graph_decode_share"] = 0.98  # OScaR's kernel path on a GPU: decode steps replayed as CUDA graphs
+    assert L.run_row(r, None)["tok/s"] == "120 (graphs)"

@@ -126,3 +126,18 @@ def test_environment_records_the_kernel_switches(monkeypatch):
                                         "cuda_graphs": False, "cuda_norm_rope": True}
     monkeypatch.setenv("OSCAR_LAYER_KERNELS", "triton")
     assert environment()["kernels"]["cuda_norm_rope"] is False
+
+
+def test_system_figures_count_the_graph_decode_steps():
+    class Adapter:
+        device = "cuda:0"
+
+    recs = [{"new_tokens": 129, "graph_steps": 126, "wall_s": 1.0, "input_tokens": 50},
+            {"new_tokens": 1, "graph_steps": 0, "wall_s": 0.5, "input_tokens": 50},  # one token: no decode step
+            {"error": "item x: failed"}]
+    assert R.system_figures(recs, Adapter())["graph_decode_share"] == 126 / 128
+    assert R.system_figures([{"new_tokens": 1}], Adapter())["graph_decode_share"] is None
+    result = make_result("oscar", [1.0, 0.0])
+    result["system"]["graph_decode_share"] = 0.98
+    result["samples"][0]["graph_steps"] = 126
+    R.validate(result)  # the schema takes both

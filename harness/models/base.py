@@ -14,7 +14,7 @@ import numpy as np
 from quant.cache import MODALITIES
 
 # Modality codes stored per KV position by the cache (quant.cache.QuantizedKVCache.set_modalities).
-__all__ = ["MODALITIES", "Prompt", "Generation", "ModelLoadError"]
+__all__ = ["MODALITIES", "Prompt", "Generation", "ModelLoadError", "graph_steps"]
 TEXT, IMAGE, VIDEO, AUDIO = range(4)
 
 
@@ -38,6 +38,13 @@ class Generation:
     modality_tokens: dict[str, int] = field(default_factory=dict)  # input positions per modality
     kv_bytes: dict[str, Any] = field(default_factory=dict)  # cache.nbytes() after generation
     wall_s: float = 0.0
+    graph_steps: int = 0  # decode steps run as CUDA graphs (quant.kernels.graph_decode; 0: all eager)
+
+
+def graph_steps(cache) -> int:
+    """Decode steps of the last generate over `cache` that ran as CUDA graphs (captured or replayed)."""
+    shared = getattr(cache, "shared", None)
+    return int(shared.get("graph_steps", 0)) if shared is not None else 0
 
 
 class ModelLoadError(RuntimeError):

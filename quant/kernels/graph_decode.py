@@ -75,6 +75,7 @@ class GraphDecoder:
     def __exit__(self, *exc):
         del self.model.forward  # back to the class's forward
         self._drop()
+        self.cache.shared["graph_steps"] = self.counts["captured"] + self.counts["replayed"]  # for the results
         return False
 
     # -- one call of forward --------------------------------------------------------------------------

@@ -123,6 +123,7 @@ class MMAUProTask:
             "input_tokens": generation.input_tokens,
             "new_tokens": generation.new_tokens,
             "wall_s": generation.wall_s,
+            "graph_steps": generation.graph_steps,
         }
 
     def aggregate(self, records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ def _generation_record(generation) -> dict[str, Any]:
         "input_tokens": generation.input_tokens,
         "new_tokens": generation.new_tokens,
         "wall_s": generation.wall_s,
+        "graph_steps": generation.graph_steps,
     }
 
 
