@@ -30,7 +30,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                      torch::Tensor vs, torch::Tensor vz, torch::Tensor norms, torch::Tensor k_res,
                      torch::Tensor v_res, torch::Tensor kv_lens, torch::Tensor res_lens, torch::Tensor counters,
                      int64_t tokens,
-                     int64_t num_splits, int64_t split_tokens, double scaling, bool rotate, bool window_cta,
+                     int64_t num_splits, int64_t split_tokens, double scaling, bool rotate, bool rotate_out, bool window_cta,
                      torch::Tensor trace) {
   TORCH_CHECK(q.dim() == 4 && q.size(3) == D, "q must be [B, Hq, Lq, ", D, "]");
   const auto dt = q.scalar_type();
@@ -68,7 +68,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                         res_lens.data_ptr<int32_t>(), part_o.data_ptr<float>(), part_ml.data_ptr<float>(),
                         counters.data_ptr<int32_t>(), out.data_ptr(), static_cast<int>(hkv), static_cast<int>(group), static_cast<int>(lq),
                         static_cast<int>(tokens), static_cast<int>(num_splits), static_cast<int>(split_tokens),
-                        static_cast<float>(scaling * 1.4426950408889634), rotate, window_cta, nullptr};
+                        static_cast<float>(scaling * 1.4426950408889634), rotate, rotate_out, window_cta, nullptr};
   if (trace.numel() > 0) {  // diagnostics: per CTA kTraceSlots u64 (quant/kernels/sweep_splits.py)
     TORCH_CHECK(trace.scalar_type() == torch::kInt64 && trace.is_cuda() && trace.is_contiguous() &&
                     trace.numel() >= (num_splits + 1) * b * hkv * oscar::kTraceSlots,
@@ -84,7 +84,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
 
 // k, v [B, H, T, D] (fp16/bf16/fp32, last dim contiguous), T % 32 == 0 -> (kc, ks, kz, vc, vs, vz, norms),
 // codes in the frag order and value scales/zeros per block as [D/32][32] (quant/packed.py).
-std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, bool token_norm) {
+std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, bool token_norm, bool rotate_values) {
   TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.size(3) == D, "K and V must be [B, H, T, ", D, "]");
   TORCH_CHECK(k.is_cuda() && v.is_cuda() && k.scalar_type() == v.scalar_type(), "K and V: CUDA, same dtype");
   TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "K and V need a contiguous last dim");
@@ -100,7 +100,7 @@ std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, b
                       v.stride(2), kc.data_ptr<int32_t>(), reinterpret_cast<__half*>(ks.data_ptr()),
                       reinterpret_cast<__half*>(kz.data_ptr()), vc.data_ptr<int32_t>(),
                       reinterpret_cast<__half*>(vs.data_ptr()), reinterpret_cast<__half*>(vz.data_ptr()),
-                      norms.data_ptr<float>(), static_cast<int>(h), static_cast<int>(t), rotate, token_norm};
+                      norms.data_ptr<float>(), static_cast<int>(h), static_cast<int>(t), rotate, token_norm, rotate_values};
   auto stream = c10::cuda::getCurrentCUDAStream();
   cudaError_t e;
   switch (k.scalar_type()) {

@@ -16,6 +16,7 @@ target length, one decode step through model.forward: BF16 (preallocated cache, 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -149,21 +150,29 @@ def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bo
     row.update(bf16_baselines(q, k, v, flex))
     tq = ctx - res_tokens  # packed tokens; the window holds the rest (a multiple of 128 below)
     tq -= tq % 128
-    kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda")
-    kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device=dev))
+    # OScaR's default: V's rotation folded into v_proj/o_proj (quant/fold.py), so the pack rotates the keys only and
+    # the decode leaves its output in the values' basis. "_online" rows: V rotated in the cache as well.
+    kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=False)
+    kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device=dev),
+                  values_rotated=False)
     row["oscar_bytes"] = bytes_read(kv)
-    row["pack_prefill_us"] = _median_us(lambda: pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda"), 5, 20)
+    for suffix, rv in (("", False), ("_online", True)):
+        row[f"pack_prefill{suffix}_us"] = _median_us(
+            lambda: pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=rv), 5, 20)
     row["pack_prefill_bytes"] = 2 * k[:, :, :tq].nbytes + bytes_read(PackedKV(kq, vq, norms, k[:, :, :0],
                                                                             v[:, :, :0], None))
     blk_k, blk_v = k[:, :, :128].contiguous(), v[:, :, :128].contiguous()
-    row["pack_block128_us"] = _median_us(lambda: pack_kv(blk_k, blk_v, backend="cuda"))
+    row["pack_block128_us"] = _median_us(lambda: pack_kv(blk_k, blk_v, backend="cuda", rotate_values=False))
     if "cuda" in backends:  # what any kernel pays to stream these bytes and launch this grid (floor.py)
         from quant.kernels.floor import floor_point, planned_ctas
 
         row.update(floor_point(row["oscar_bytes"], planned_ctas(q, kv)))
+    # Each backend reads the codes in its own order, as its own pack writes them (the CUDA "frag" order, Triton's
+    # natural one): converted once here, not inside the timed call (run 77 timed that conversion as Triton's decode).
+    natural = dataclasses.replace(kv, k=kv.k.to_order("natural"), v=kv.v.to_order("natural"))
     outs = {}
     for be in backends:
-        fn = _decode_fn(be, q, kv, d**-0.5)
+        fn = _decode_fn(be, q, kv if be.partition(":")[0] == "cuda" else natural, d**-0.5)
         try:
             outs[be] = fn()
         except Exception as e:  # noqa: BLE001  (one backend failing must not hide the others' numbers)
@@ -225,6 +234,8 @@ def summarize(row: dict, copy_bw: float) -> dict:
         out["ceiling_speedup_clean"] = best_clean / row["floor_read_clean_us"]
     out["pack_step_frac_of_cuda_attention"] = (row["pack_block128_us"] / 128) / row.get("oscar_cuda_us", math.nan)
     out["pack_prefill_bw_frac"] = row["pack_prefill_bytes"] / (row["pack_prefill_us"] * 1e-6) / copy_bw
+    if isinstance(row.get("pack_prefill_online_us"), float):  # V rotated in the pack too (value_rotation=online)
+        out["pack_prefill_online_bw_frac"] = row["pack_prefill_bytes"] / (row["pack_prefill_online_us"] * 1e-6) / copy_bw
     return out
 
 
@@ -266,7 +277,7 @@ def _kernel_line(r: dict) -> str:
         parts.append(f"| read floor {num(r['floor_read_us'])} / {num(r.get('floor_read_clean_us'))} ceiling "
                      f"x{num(r.get('ceiling_speedup'), '.2f')} / x{num(r.get('ceiling_speedup_clean'), '.2f')}")
     parts.append(f"| pack/step {num(r.get('pack_step_frac_of_cuda_attention'), '.3f')} prefill-bw "
-                 f"{num(r.get('pack_prefill_bw_frac'), '.2f')}")
+                 f"{num(r.get('pack_prefill_bw_frac'), '.2f')} (V online {num(r.get('pack_prefill_online_bw_frac'), '.2f')})")
     return " ".join(parts)
 
 
@@ -434,7 +445,9 @@ def generate_point(model, kind: str, ctx: int, new: int) -> dict:
     counts = {}
 
     def run(n: int) -> float:
-        cache = None if kind == "bf16" else quant.make_cache("oscar", model)
+        cache = None if kind == "bf16" else quant.make_cache("oscar", model)  # folds V's rotation into the weights
+        if cache is None:
+            quant.fold.set_folded(model, False)
         dec = GraphDecoder(model, cache) if kind == "oscar" else contextlib.nullcontext()
         torch.cuda.synchronize()
         t0 = time.perf_counter()

@@ -133,6 +133,11 @@ def check_compatible(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         warnings.append(f"different models: {a['model']['name']} vs {b['model']['name']}")
     if a["seed"] != b["seed"]:
         warnings.append(f"different seeds: {a['seed']} vs {b['seed']}")
+    ca, cb = a["method"]["config"], b["method"]["config"]
+    if a["method"]["name"] == b["method"]["name"] and ca != cb:  # e.g. a default that changed between code versions
+        keys = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
+        diff = ", ".join(f"{k} {ca.get(k)!r} vs {cb.get(k)!r}" for k in keys)
+        warnings.append(f"{a['method']['name']} ran with different settings ({diff})")
     ka, kb = a["environment"].get("kernels"), b["environment"].get("kernels")  # absent in older result files
     gpus = a["environment"].get("gpu") or b["environment"].get("gpu")
     differ = sorted(k for k in set(ka or {}) | set(kb or {}) if k not in SAME_BITS and (ka or {}).get(k) != (kb or {}).get(k))

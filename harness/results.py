@@ -270,6 +270,9 @@ def weight_hash(model: Any, sample: int = 4096) -> str:
     """
     import torch
 
+    from quant import fold
+
+    fold.set_folded(model, False)  # the model's own weights, whichever method's cache was made last
     h = hashlib.sha256()
     with torch.no_grad():
         for name, p in sorted(model.state_dict().items()):

@@ -21,7 +21,8 @@ def packed_attention_reference(query: torch.Tensor, kv: PackedKV, scaling: float
 
     s_j = scaling * ((q @ Hd) . k_unit_hat_j) * n_j over the packed tokens j;
     s_r = scaling * q . k_res_r over the residual window (causal among the Lq new tokens);
-    out = softmax([s_j ; s_r]) @ [v_hat_j @ Hd ; v_res_r], as two partial softmaxes merged by log-sum-exp.
+    out = softmax([s_j ; s_r]) @ [v_hat_j @ Hd ; v_res_r], as two partial softmaxes merged by log-sum-exp
+    (v_hat_j itself when kv.values_rotated is False: the model's weights carry V's rotation).
     """
     b, hq, lq, d = query.shape
     groups = hq // kv.k_res.shape[1]
@@ -37,7 +38,7 @@ def packed_attention_reference(query: torch.Tensor, kv: PackedKV, scaling: float
             s = s * kv.norms[:, None, None, :]
         s = s.masked_fill(torch.arange(kv.num_quantized, device=q.device)[None, :] > q_pos, float("-inf"))
         v_rot = _repeat_kv(kv.v.dequantize(), groups)
-        parts.append((s, v_rot, kv.hadamard))
+        parts.append((s, v_rot, kv.hadamard if kv.values_rotated else None))
     r = kv.k_res.shape[-2]
     if r:
         s = (q @ _repeat_kv(kv.k_res.float(), groups).transpose(-1, -2)) * scaling

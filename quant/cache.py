@@ -88,7 +88,8 @@ def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer
     """A fresh cache for `method` (a config or a preset name) sized from the model's text config.
 
     Methods that need the model (RotateKV: its RoPE, sink hooks, calibration with `tokenizer`) get it
-    through their `prepare` hook.
+    through their `prepare` hook. With a model, OScaR's offline value rotation is folded into its weights and
+    any other method gets them restored (quant/fold.py): the model then suits this cache's method.
     """
     method = get_method(method, **overrides)
     cfg = text_config(config if config is not None else model)
@@ -98,6 +99,10 @@ def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     cache = QuantizedKVCache(method, cfg.num_hidden_layers, kv_heads, head_dim)
+    if model is not None:  # OScaR's offline value rotation lives in the weights; every other method needs them plain
+        from quant import fold
+
+        cache.shared["values_folded"] = fold.set_folded(model, fold.wants_fold(method))
     prepare = getattr(method, "prepare", None)
     if prepare is not None:
         if model is None:

@@ -166,13 +166,15 @@ class PackedKV:
     """Everything OScaR decode attention reads for one layer (the handle a fast kernel receives).
 
     k: QTensor(axis=-2) of K_unit = (K @ Hd) / n_t   [B, Hkv, Tq, D], Tq a multiple of the block (128)
-    v: QTensor(axis=-1) of V @ Hd                     [B, Hkv, Tq, D]
+    v: QTensor(axis=-1) of V @ Hd                     [B, Hkv, Tq, D]; of V itself when values_rotated is False
     norms: float32 [B, Tq] token norms n_t, or None when token scaling is off (all ones)
     k_res, v_res: full-precision residual window, not rotated   [B, Hkv, Tr, D], Tr < 128 (+ new tokens)
     hadamard: the D x D rotation Hd (float32) or None when rotation is off.
+    values_rotated: v holds V @ Hd, so the quantized part's output is rotated back (False: the model's v_proj and
+      o_proj carry the rotation, quant/fold.py: its values arrive rotated and its o_proj expects them so).
     Attention (per query head, GQA maps it to its KV head):
       s_j = scaling * ((q @ Hd) . k_hat_j) * n_j for quantized j;  s_r = scaling * q . k_res_r
-      out = softmax(s) @ [v_hat @ Hd ; v_res]
+      out = softmax(s) @ [v_hat @ Hd ; v_res]    (v_hat itself when values_rotated is False)
     """
 
     k: QTensor | None
@@ -181,6 +183,12 @@ class PackedKV:
     k_res: torch.Tensor
     v_res: torch.Tensor
     hadamard: torch.Tensor | None
+    values_rotated: bool = True
+
+    @property
+    def rotate_out(self) -> bool:
+        """Whether the quantized part's attention output goes back through Hd."""
+        return self.hadamard is not None and self.values_rotated
 
     @property
     def num_quantized(self) -> int:

@@ -125,3 +125,17 @@ def test_gpu_runs_with_different_kernels_are_flagged(tmp_path, capsys):
     a, b = write(tmp_path, "a2", ra), write(tmp_path, "b2", rb)
     assert cli(["compare", a, b]) == 0
     assert "model-level kernels" not in capsys.readouterr().out
+
+
+def test_same_method_with_other_settings_is_flagged(tmp_path, capsys):
+    # A default that changed between code versions (OScaR's value_rotation, absent from older result files).
+    ra, rb = make_result("oscar", A_SCORES, CATS), make_result("oscar", A_SCORES, CATS)
+    ra["method"]["config"].pop("value_rotation", None)
+    rb["method"]["config"]["value_rotation"] = "offline"
+    a, b = write(tmp_path, "a", ra), write(tmp_path, "b", rb)
+    assert cli(["compare", a, b, "--max-drop", "0"]) == 0  # a warning, not a failure
+    assert "oscar ran with different settings (value_rotation None vs 'offline')" in capsys.readouterr().out
+    rb["method"]["config"] = dict(ra["method"]["config"])
+    a, b = write(tmp_path, "a1", ra), write(tmp_path, "b1", rb)
+    assert cli(["compare", a, b]) == 0
+    assert "different settings" not in capsys.readouterr().out

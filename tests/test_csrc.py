@@ -47,9 +47,11 @@ def test_experiment_flags_get_their_own_build(monkeypatch):
 
 @needs_gpu
 @pytest.mark.parametrize("window_cta", [False, True])  # window folded into the last split's CTA, or its own
-@pytest.mark.parametrize("group,d", [(1, 128), (4, 128), (8, 128), (4, 64)])
-def test_cuda_decode_matches_oracle(group, d, window_cta):
-    kv = random_packed_kv(3, 2, 640, 77, d, seed=group + d, device="cuda")
+@pytest.mark.parametrize("group,d,rotate_values", [(1, 128, True), (4, 128, True), (8, 128, True), (4, 64, True),
+                                                   (4, 128, False), (8, 64, False)])
+def test_cuda_decode_matches_oracle(group, d, rotate_values, window_cta):
+    # rotate_values=False: V's rotation lives in the model's weights (OScaR's default), the output is not rotated back
+    kv = random_packed_kv(3, 2, 640, 77, d, seed=group + d, device="cuda", rotate_values=rotate_values)
     kv_lens, res_lens = [640, 333, 97], [77, 1, 40]
     q = torch.randn(3, 2 * group, 1, d, generator=torch.Generator().manual_seed(d)).to(torch.bfloat16)
     out = kcuda.decode_attention(q.cuda(), kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=128,
@@ -110,14 +112,19 @@ def test_read_floor_reads_every_byte():
 
 
 @needs_gpu
-@pytest.mark.parametrize("rotate,token_norm", [(False, False), (False, True), (True, True)])
-def test_cuda_pack_matches_reference(rotate, token_norm):
+@pytest.mark.parametrize("rotate,token_norm,rotate_values", [(False, False, False), (False, True, False),
+                                                             (True, True, True), (True, True, False)])
+def test_cuda_pack_matches_reference(rotate, token_norm, rotate_values):
     g = torch.Generator().manual_seed(13)
     k = (torch.randn(2, 8, 256, 128, generator=g) * 3).to(torch.bfloat16).cuda()
     v = torch.randn(2, 8, 256, 128, generator=g).to(torch.bfloat16).cuda()
     cfg = OScaRConfig(rotation="hadamard" if rotate else "none", token_norm=token_norm)
-    ref = pack_block(k, v, cfg, hadamard(128, device="cuda") if rotate else None)
-    got = kcuda.pack_kv(k, v, rotate, token_norm)
+    ref = pack_block(k, v, cfg, hadamard(128, device="cuda") if rotate else None, rotate_values=rotate_values)
+    got = kcuda.pack_kv(k, v, rotate, token_norm, rotate_values=rotate_values)
+    if rotate and not rotate_values:  # values as they come: the frag words of the reference's, bit for bit
+        f = ref[1].to_order("frag")
+        assert torch.equal(f.codes, got[1].codes) and torch.equal(f.scale, got[1].scale)
+        assert torch.equal(f.zero, got[1].zero)
     for r, x in zip(ref[:2], got[:2]):
         assert x.order == "frag"
         mismatch = (r.unpacked() != x.unpacked()).float().mean().item()
@@ -146,27 +153,30 @@ def test_cuda_pack_resident_schedule_gives_the_streamed_bits(d, heads, dtype):
     def misaligned(x):
         return torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:].view(x.shape).copy_(x)
 
-    resident, streamed = kcuda.pack_kv(k, v), kcuda.pack_kv(misaligned(k), misaligned(v))
-    for a, b in zip(resident[:2], streamed[:2]):
-        assert torch.equal(a.codes, b.codes) and torch.equal(a.scale, b.scale) and torch.equal(a.zero, b.zero)
-    assert torch.equal(resident[2], streamed[2])
+    for rv in (True, False):  # V rotated in the pack, or as it comes (the default config: rotation in the weights)
+        resident = kcuda.pack_kv(k, v, rotate_values=rv)
+        streamed = kcuda.pack_kv(misaligned(k), misaligned(v), rotate_values=rv)
+        for a, b in zip(resident[:2], streamed[:2]):
+            assert torch.equal(a.codes, b.codes) and torch.equal(a.scale, b.scale) and torch.equal(a.zero, b.zero)
+        assert torch.equal(resident[2], streamed[2])
+    resident = kcuda.pack_kv(k, v)
     ref = pack_block(k, v, OScaRConfig(), hadamard(d, device="cuda"))
     assert (ref[0].unpacked() != resident[0].unpacked()).float().mean().item() <= 1e-4
 
 
 @needs_gpu
-@pytest.mark.parametrize("d,heads,group", [(128, 8, 4), (128, 4, 8), (64, 3, 1)])
-def test_cuda_pack_then_decode_long_and_repeated(d, heads, group):
+@pytest.mark.parametrize("d,heads,group,rv", [(128, 8, 4, False), (128, 4, 8, True), (64, 3, 1, True)])
+def test_cuda_pack_then_decode_long_and_repeated(d, heads, group, rv):
     # The cache path: the CUDA pack (frag order) feeds the decode with the default split plan (many splits,
     # merged by the last CTA); a second call must give the same result (the merge counters reset themselves).
     g = torch.Generator().manual_seed(d + heads)
     t, tr = 4096 + 128 * 3, 77
     k = (torch.randn(2, heads, t + tr, d, generator=g) * 2).to(torch.bfloat16).cuda()
     v = torch.randn(2, heads, t + tr, d, generator=g).to(torch.bfloat16).cuda()
-    kq, vq, norms = kcuda.pack_kv(k[:, :, :t], v[:, :, :t])
+    kq, vq, norms = kcuda.pack_kv(k[:, :, :t], v[:, :, :t], rotate_values=rv)
     from quant.packed import PackedKV
 
-    kv = PackedKV(kq, vq, norms, k[:, :, t:].contiguous(), v[:, :, t:].contiguous(), hadamard(d, device="cuda"))
+    kv = PackedKV(kq, vq, norms, k[:, :, t:].contiguous(), v[:, :, t:].contiguous(), hadamard(d, device="cuda"), rv)
     q = torch.randn(2, heads * group, 1, d, generator=g).to(torch.bfloat16)
     lens = [t, t - 999]
     out = kcuda.decode_attention(q.cuda(), kv, d**-0.5, kv_lens=lens)

@@ -41,10 +41,10 @@ def test_packed_decode_matches_reference_cache():
     model = tiny_qwen3()
     prompt = torch.randint(0, 128, (1, 127), generator=torch.Generator().manual_seed(1)).to(DEV)
     hf_decode.register()
+    ref = decode_logits(model, make_cache("oscar", model), prompt, 3)  # folds V's rotation into the weights
     model.config._attn_implementation = "oscar_packed"
-    fast = decode_logits(model, hf_decode.make_packed_cache(2, 256, backend="triton"), prompt, 3)
+    fast = decode_logits(model, hf_decode.make_packed_cache(2, 256, backend="triton"), prompt, 3)  # takes V rotated
     model.config._attn_implementation = "sdpa"
-    ref = decode_logits(model, make_cache("oscar", model), prompt, 3)
     # Steps 1-3 cross the 128-token flush: the window packs and the packed part is read by the kernel.
     # Measured: |fast - ref| ~1e-4 of max|logit|, while an unquantized cache differs from ref by ~0.2.
     torch.testing.assert_close(fast.float(), ref.float(), rtol=0, atol=2e-3 * ref.abs().max().item())

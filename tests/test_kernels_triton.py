@@ -24,8 +24,8 @@ from quant.primitives import hadamard  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_cache(b, hkv, t, tr, d, seed, rotate=True, token_norm=True):
-    return random_packed_kv(b, hkv, t, tr, d, seed, rotate, token_norm, device=DEV)
+def make_cache(b, hkv, t, tr, d, seed, rotate=True, token_norm=True, rotate_values=True):
+    return random_packed_kv(b, hkv, t, tr, d, seed, rotate, token_norm, device=DEV, rotate_values=rotate_values)
 
 
 def check_decode(kv, group, lq, kv_lens, res_lens, seed, split_tokens=64):
@@ -51,6 +51,14 @@ def test_decode_head_dim_128_speculative():
     # Lq = 2 new tokens (causal among themselves in the window), head_dim of the target models.
     kv = make_cache(1, 1, 64, 9, 128, seed=3)
     check_decode(kv, 4, 2, kv_lens=[45], res_lens=[9], seed=4)
+
+
+def test_decode_values_as_they_come():
+    # OScaR's default: V's rotation folded into the model's weights, so the quantized values are V itself and the
+    # output is not rotated back; the keys (and the query) still are.
+    kv = make_cache(2, 2, 160, 23, 64, seed=31, rotate_values=False)
+    assert not kv.values_rotated and not kv.rotate_out
+    check_decode(kv, 4, 1, kv_lens=[160 - 7, 95], res_lens=[23, 6], seed=32)
 
 
 def test_decode_without_rotation_or_norm_and_empty_residual():
@@ -115,6 +123,21 @@ def test_pack_rotated_matches_reference():
         assert (r.unpacked() != x.unpacked().cpu()).float().mean() <= 1e-3
         torch.testing.assert_close(x.scale.cpu().float(), r.scale.float(), rtol=2e-3, atol=1e-6)
         torch.testing.assert_close(x.dequantize().cpu(), r.dequantize(), rtol=0, atol=2e-2 * r.dequantize().abs().max().item())
+
+
+def test_pack_keys_rotated_values_as_they_come():
+    # rotate_values=False: the values' codes, scales and zeros are the unrotated reference's bit for bit (no
+    # butterfly on them), the keys' those of the rotated reference up to an ulp's flips.
+    g = torch.Generator().manual_seed(14)
+    k, v = torch.randn(1, 2, 96, 64, generator=g) * 2, torch.randn(1, 2, 96, 64, generator=g)
+    ref = pack_block(k, v, OScaRConfig(), hadamard(64), rotate_values=False)
+    got = triton_pack.pack_kv(k.to(DEV), v.to(DEV), rotate_values=False)
+    for name in ("codes", "scale", "zero"):
+        assert torch.equal(getattr(ref[1], name), getattr(got[1], name).cpu()), f"value {name} differs"
+    assert (ref[0].unpacked() != got[0].unpacked().cpu()).float().mean() <= 1e-3
+    torch.testing.assert_close(got[2].cpu(), ref[2], rtol=1e-5, atol=0)
+    plain = pack_block(k, v, OScaRConfig(rotation="none"), None)
+    assert torch.equal(plain[1].codes, ref[1].codes)  # the reference's own switch: V untouched
 
 
 def test_pack_rejects_partial_group():

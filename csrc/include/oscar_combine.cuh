@@ -25,7 +25,8 @@ __device__ __forceinline__ WindowPart load_window_part(const DecodeParams& p, in
 }
 
 // Last CTA of (b, kv head): out = (fwht(O_q) / sqrt(D) + w_r o_r) / L over the quantized splits' partials (rotated
-// basis) and the window's (natural basis), each weighted 2^(m_s - M). A thread takes 8 channels of a row
+// basis; O_q as it is when the model's weights carry V's rotation, !rotate_out) and the window's (the model's basis),
+// each weighted 2^(m_s - M). A thread takes 8 channels of a row
 // (16-byte loads); with few rows, `parts` threads share a row item's splits. Each thread merges its splits online
 // in chunks of kChunk whose loads (m, l, 8 channels of o) are all in flight together, so a merge costs
 // splits / (parts kChunk) rounds of L2 latency; the parts are combined through shared memory, the window partial
@@ -83,7 +84,7 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
   }
   trace_stamp(p, 5);
   __syncthreads();
-  const float inv = p.rotate ? rsqrtf(static_cast<float>(D)) : 1.f;
+  const float inv = p.rotate_out ? rsqrtf(static_cast<float>(D)) : 1.f;
   const int b = static_cast<int>(bh / p.kv_heads), h = static_cast<int>(bh % p.kv_heads);
   for (int r0 = 0; r0 < rows; r0 += kSlots) {  // uniform trip count: every lane of a row takes part in the shuffles
     const int r = r0 + slot;
@@ -102,7 +103,7 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
         x[4] += e * x1.x, x[5] += e * x1.y, x[6] += e * x1.z, x[7] += e * x1.w;
       }
     }
-    if (p.rotate) fwht_lanes<D>(x);
+    if (p.rotate_out) fwht_lanes<D>(x);
     if (r < rows) {
       const float w_res = exp2f(win.m - big);
       const float inv_l = 1.f / (l + w_res * win.l);

@@ -39,7 +39,9 @@ struct DecodeParams {
   void* out;       // [B, Hq, LQ, D], dtype T
   int kv_heads, group, lq, tokens, num_splits, split_tokens;
   float scale_log2;  // scaling * log2(e)
-  bool rotate;       // Hd is the Sylvester Hadamard (else identity)
+  bool rotate;       // the keys are K Hd (Hd the Sylvester Hadamard): the query is rotated
+  bool rotate_out;   // the quantized values are V Hd: the merged output is rotated back (false: V's rotation is
+                     // folded into the model's v_proj / o_proj, quant/fold.py, and the output stays as it is)
   bool window_cta;   // the window has its own CTA, blockIdx.x 0 (scheduled first); else it is folded into the
                      // last split's CTA
   unsigned long long* trace;  // diagnostics, usually null: per CTA [6] %globaltimer stamps + SM id (kTraceSlots)

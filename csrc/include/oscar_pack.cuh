@@ -6,7 +6,8 @@
 //   n_t   = ||K[b, :, t, :]|| over all heads and channels (fp32 sum, sqrt_rn; n <= 0 -> 1), written to norms
 //   keys:   y = K_rot / n_t (IEEE division), per channel over the 32 tokens: s = fp16(max(fp16((hi - lo) / 3),
 //           2^-24)), z = fp16(lo), code = clamp(rint((y - z) / s), 0, 3)  (quant_code)
-//   values: per token over each 32 channels of V_rot, the same formula
+//   values: per token over each 32 channels of V_rot, the same formula (V_rot = V when rotate_values is off: the
+//           model's v_proj already carries the rotation, quant/fold.py)
 // Codes are written in the "frag" order (oscar_layout.cuh, quant.packed.frag_pack) and value scales/zeros per
 // block as [D/32][32] (quant.packed.frag_scales).
 //
@@ -66,6 +67,7 @@ struct PackParams {
   float* norms;  // [B, T]
   int heads, tokens;
   bool rotate, token_norm;
+  bool rotate_values;  // false: the values arrive rotated (OScaR's V Hadamard folded into v_proj / o_proj), keys only
 };
 
 constexpr float kMinScale = 5.9604644775390625e-8f;  // quant.primitives.MIN_SCALE = 2**-24, the smallest positive fp16
@@ -515,7 +517,7 @@ __device__ __forceinline__ void value_unit(const PackParams& p, const unsigned c
   const int lane = threadIdx.x & 31;
   const int t = row_token<D>(u), r1 = D == 128 ? lane & 1 : 0;
   float x[8][8];
-  row_rotate<D, T>(stage, u, p.rotate, x);
+  row_rotate<D, T>(stage, u, p.rotate_values, x);
 
   // min/max of each 32-channel group: 16 (D = 128, + the partner lane's 16) or 32 of the thread's elements
   float lo[kGroups], hi[kGroups];

@@ -224,10 +224,11 @@ class MultimodalAdapter:
     def make_cache(self, method, inputs):
         """A quantized cache for `method` with every prompt position's modality set (None = the
         model's default DynamicCache, used as the reference)."""
-        if method is None:
-            return None
         import quant
 
+        if method is None:
+            quant.fold.set_folded(self.generator, False)  # the model's own weights (an OScaR cache may have folded them)
+            return None
         cache = quant.make_cache(method, self.generator, config=self.text_config, tokenizer=self.tokenizer)
         cache.set_modalities(self.tags(inputs).to(self.device))
         return cache

@@ -86,13 +86,18 @@ def valid_part(kv, kv_lens=None, res_lens=None):
     return kv
 
 
-def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, backend: str | None = None):
-    """OScaR pack of a block K, V [B, H, T, D] (T % 32 == 0): (k_q, v_q, norms) as oscar.pack_block."""
+def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, backend: str | None = None,
+            rotate_values: bool | None = None):
+    """OScaR pack of a block K, V [B, H, T, D] (T % 32 == 0): (k_q, v_q, norms) as oscar.pack_block.
+    rotate_values (default: rotate) = False packs V as it comes: the model's weights carry its rotation
+    (quant/fold.py)."""
     backend = backend or default_backend(k.device)
+    rotate_values = rotate if rotate_values is None else rotate_values
     if backend == "torch":
         from quant.methods.oscar import OScaRConfig, pack_block
         from quant.primitives import hadamard
 
         cfg = OScaRConfig(rotation="hadamard" if rotate else "none", token_norm=token_norm)
-        return pack_block(k, v, cfg, hadamard(k.shape[-1], device=k.device) if rotate else None)
-    return _module(backend, "pack").pack_kv(k, v, rotate, token_norm)
+        return pack_block(k, v, cfg, hadamard(k.shape[-1], device=k.device) if rotate else None,
+                          rotate_values=rotate_values)
+    return _module(backend, "pack").pack_kv(k, v, rotate, token_norm, rotate_values)

@@ -242,7 +242,8 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         x.q = x.q.clone()
     out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
                      _counters(query.device, rows), x.tokens, splits, split_tokens, float(scaling),
-                     kv.hadamard is not None, window_cta, _NO_TRACE[query.device] if trace is None else trace)
+                     kv.hadamard is not None, kv.rotate_out, window_cta,
+                     _NO_TRACE[query.device] if trace is None else trace)
     return out.to(query.dtype)
 
 
@@ -397,12 +398,15 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def pack_kv(k: torch.Tensor, v: torch.Tensor, rotate: bool = True, token_norm: bool = True):
+def pack_kv(k: torch.Tensor, v: torch.Tensor, rotate: bool = True, token_norm: bool = True,
+            rotate_values: bool | None = None):
     """Quantize and pack K, V [B, H, T, D] (T % 32 == 0) with the CUDA kernel; same return value as
     quant.methods.oscar.pack_block: (k_q QTensor axis -2, v_q QTensor axis -1, norms fp32 [B, T] or None),
-    codes in the "frag" order the decode kernel reads (quant/packed.py)."""
+    codes in the "frag" order the decode kernel reads (quant/packed.py). rotate_values (default: rotate) = False
+    packs V as it comes (its rotation folded into the model's weights, quant/fold.py)."""
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
-    kc, ks, kz, vc, vs, vz, norms = load(k.shape[-1]).pack(k, v, rotate, token_norm)
+    kc, ks, kz, vc, vs, vz, norms = load(k.shape[-1]).pack(k, v, rotate, token_norm,
+                                                             rotate if rotate_values is None else rotate_values)
     return (QTensor(kc, ks, kz, 2, 32, -2, order="frag"), QTensor(vc, vs, vz, 2, 32, -1, order="frag"),
             norms if token_norm else None)

@@ -7,6 +7,8 @@ concatenation): new tokens go to a residual window; every 128 tokens the window 
 into the next 128 slots of the packed buffers, so a step costs one window write plus, every 128th step,
 one 128-token pack. `fill_random` fills it directly at a target length (benchmarks: speed does not
 depend on the values). Prefill goes through the model with exact K/V and is packed the same way.
+Like OScaR's default config, it takes the values as already rotated (the Hadamard folded into v_proj / o_proj,
+quant/fold.py; benchmarks on random weights need no folding): `rotate_values=True` rotates them here instead.
 """
 from __future__ import annotations
 
@@ -37,10 +39,11 @@ class PackedDecodeLayer(CacheLayerMixin):
     is_compileable = False
     is_sliding = False
 
-    def __init__(self, capacity: int, backend: str | None = None):
+    def __init__(self, capacity: int, backend: str | None = None, rotate_values: bool = False):
         super().__init__()
         self.capacity = -(-capacity // BLOCK) * BLOCK
         self.backend = backend
+        self.rotate_values = rotate_values
         self.quantized = 0  # tokens packed
         self.res = 0  # tokens in the window
 
@@ -67,7 +70,7 @@ class PackedDecodeLayer(CacheLayerMixin):
         n, t0 = k.shape[2], self.quantized
         if t0 + n > self.capacity:
             raise ValueError(f"cache capacity {self.capacity} exceeded: make it larger")
-        kq, vq, norms = pack_kv(k, v, backend=self.backend)
+        kq, vq, norms = pack_kv(k, v, backend=self.backend, rotate_values=self.rotate_values)
         kq, vq = kq.to_order(self.k.order), vq.to_order(self.v.order)  # blocks are self-contained
         self.k.codes[:, :, t0 // 16:(t0 + n) // 16] = kq.codes
         self.k.scale[:, :, t0 // 32:(t0 + n) // 32], self.k.zero[:, :, t0 // 32:(t0 + n) // 32] = kq.scale, kq.zero
@@ -106,7 +109,7 @@ class PackedDecodeLayer(CacheLayerMixin):
             self.res += 1
             self.res_lens.fill_(self.res)
         view = PackedKV(self.k, self.v, self.norms, self.k_res[:, :, :max(self.res, 0)],
-                        self.v_res[:, :, :max(self.res, 0)], self.rot)
+                        self.v_res[:, :, :max(self.res, 0)], self.rot, self.rotate_values)
         return PackedStep(view, self.kv_lens, self.res_lens, self.backend), None
 
     def fill_random(self, batch, heads, head_dim, length, device, dtype=torch.bfloat16, chunk=16384, seed=0):

@@ -29,7 +29,8 @@ def dequantized_kv(kv: PackedKV, dtype=torch.float64) -> tuple[torch.Tensor, tor
     v = kv.v.dequantize().to(dtype)
     if kv.hadamard is not None:
         hd = kv.hadamard.to(dtype)
-        k, v = k @ hd, v @ hd
+        k = k @ hd
+        v = v @ hd if kv.values_rotated else v
     return k, v
 
 
@@ -89,9 +90,11 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def random_packed_kv(b: int, hkv: int, t: int, tr: int, d: int, seed: int, rotate: bool = True,
-                     token_norm: bool = True, device="cpu", res_dtype=torch.bfloat16) -> PackedKV:
+                     token_norm: bool = True, device="cpu", res_dtype=torch.bfloat16,
+                     rotate_values: bool = True) -> PackedKV:
     """A PackedKV made by the reference packer (quant.methods.oscar.pack_block) from fresh random K/V
-    (keys with per-channel outlier scales, as real keys have), plus a random residual window of tr tokens."""
+    (keys with per-channel outlier scales, as real keys have), plus a random residual window of tr tokens.
+    rotate_values=False: V packed as it is (the model's weights carry its rotation, quant/fold.py)."""
     from quant.methods.oscar import OScaRConfig, pack_block
     from quant.primitives import hadamard
 
@@ -100,7 +103,8 @@ def random_packed_kv(b: int, hkv: int, t: int, tr: int, d: int, seed: int, rotat
     v = torch.randn(b, hkv, t, d, generator=g)
     rot = hadamard(d) if rotate else None
     cfg = OScaRConfig(rotation="hadamard" if rotate else "none", token_norm=token_norm)
-    kq, vq, n = pack_block(k.to(device), v.to(device), cfg, rot.to(device) if rot is not None else None)
+    kq, vq, n = pack_block(k.to(device), v.to(device), cfg, rot.to(device) if rot is not None else None,
+                           rotate_values=rotate_values)
     k_res = torch.randn(b, hkv, tr, d, generator=g).to(device=device, dtype=res_dtype)
     v_res = torch.randn(b, hkv, tr, d, generator=g).to(device=device, dtype=res_dtype)
-    return PackedKV(kq, vq, n, k_res, v_res, rot.to(device) if rot is not None else None)
+    return PackedKV(kq, vq, n, k_res, v_res, rot.to(device) if rot is not None else None, rotate_values)

@@ -78,7 +78,7 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
 
     def fn():
         return mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                          counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, window,
+                          counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, kv.rotate_out, window,
                           cuda._NO_TRACE[q.device])
 
     one, many = graph_of(fn, 1), graph_of(fn, 20)

@@ -145,8 +145,10 @@ def decode_split_kernel(
 
 @triton.jit
 def combine_kernel(PO, PML, HD, OUT, num_splits,
-                   HKV: tl.constexpr, GROUP: tl.constexpr, LQ: tl.constexpr, M: tl.constexpr, D: tl.constexpr):
-    """Merge the splits of one (b, h) by log-sum-exp; out = (O_q @ Hd + O_r) / L into OUT [B, Hq, LQ, D]."""
+                   HKV: tl.constexpr, GROUP: tl.constexpr, LQ: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
+                   ROTATE_OUT: tl.constexpr):
+    """Merge the splits of one (b, h) by log-sum-exp; out = (O_q @ Hd + O_r) / L into OUT [B, Hq, LQ, D]
+    (O_q as it is without ROTATE_OUT: the model's weights carry V's rotation)."""
     bh = tl.program_id(0)
     r = tl.arange(0, M)
     d = tl.arange(0, D)
@@ -163,8 +165,10 @@ def combine_kernel(PO, PML, HD, OUT, num_splits,
     w = tl.exp2(tl.load(PML + (base + num_splits) * 2 * M + r) - m_tot)
     l_tot += w * tl.load(PML + (base + num_splits) * 2 * M + M + r)
     o_r = w[:, None] * tl.load(PO + (base + num_splits) * M * D + r[:, None] * D + d[None, :])
-    hd = tl.load(HD + d[:, None] * D + d[None, :])
-    out = (tl.dot(o_q, hd, input_precision="ieee") + o_r) / l_tot[:, None]
+    if ROTATE_OUT:
+        hd = tl.load(HD + d[:, None] * D + d[None, :])
+        o_q = tl.dot(o_q, hd, input_precision="ieee")
+    out = (o_q + o_r) / l_tot[:, None]
     b = bh // HKV
     h = bh % HKV
     o_off = ((b * HKV + h) * GROUP + r % GROUP) * LQ * D + (r // GROUP) * D
@@ -203,5 +207,5 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, blo
         BLOCK_R=32, num_warps=num_warps)
     out = torch.empty(query.shape, dtype=query.dtype, device=dev)
     combine_kernel[(rows,)](po, pml, x.hd, out, splits, HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m,
-                            D=x.head_dim, num_warps=4)
+                            D=x.head_dim, ROTATE_OUT=kv.rotate_out, num_warps=4)
     return out

@@ -63,7 +63,7 @@ def _quant(x, lo, hi):
 def pack_kernel(K, V, HPM, KC, KS, KZ, VC, VS, VZ, NORM,
                 stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, T, inv_sqrt_d,
                 H: tl.constexpr, D: tl.constexpr, ROTATE: tl.constexpr, TOKEN_NORM: tl.constexpr,
-                EXACT: tl.constexpr):
+                EXACT: tl.constexpr, ROTATE_V: tl.constexpr):
     """Pack tokens [32 g, 32 g + 32) of sequence b for every head (layout: quant.packed)."""
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -90,7 +90,7 @@ def pack_kernel(K, V, HPM, KC, KS, KZ, VC, VS, VZ, NORM,
         tl.store(KS + (bh * (T // 32) + g) * D + d[None, :], s)
         tl.store(KZ + (bh * (T // 32) + g) * D + d[None, :], z)
 
-        vr = tl.reshape(_rotate(V + b * stride_vb + h * stride_vh, tt * stride_vt, d, hpm, inv_sqrt_d, ROTATE,
+        vr = tl.reshape(_rotate(V + b * stride_vb + h * stride_vh, tt * stride_vt, d, hpm, inv_sqrt_d, ROTATE_V,
                                 EXACT), (32, D // 32, 32))
         codes, s, z = _quant(vr, tl.min(vr, 2)[:, :, None], tl.max(vr, 2)[:, :, None])
         words = tl.reduce(tl.reshape(codes, (32, D // 16, 16)) << (tl.arange(0, 16) * 2)[None, None, :], 2, _or)
@@ -101,11 +101,12 @@ def pack_kernel(K, V, HPM, KC, KS, KZ, VC, VS, VZ, NORM,
         tl.store(VZ + gv, tl.reshape(z, (32, D // 32)))
 
 
-def pack_kv(k, v, rotate: bool = True, token_norm: bool = True):
+def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: bool | None = None):
     """Quantize and pack a block of K, V [B, H, T, D] (T a multiple of 32, D 64 or 128) for OScaR.
 
     Returns (k_q QTensor axis -2 of K_unit, v_q QTensor axis -1 of V_rot, norms fp32 [B, T] or None),
-    the same triple as quant.methods.oscar.pack_block.
+    the same triple as quant.methods.oscar.pack_block. rotate_values (default: rotate) = False packs V as it
+    comes (the model's weights carry its rotation, quant/fold.py).
     """
     import torch
 
@@ -125,7 +126,8 @@ def pack_kv(k, v, rotate: bool = True, token_norm: bool = True):
     norms = torch.empty(b, t, dtype=torch.float32, device=dev)
     pack_kernel[(t // 32, b)](k, v, hpm, kc, ks, kz, vc, vs, vz, norms, k.stride(0), k.stride(1), k.stride(2),
                               v.stride(0), v.stride(1), v.stride(2), t, 1.0 / math.sqrt(d), H=h, D=d,
-                              ROTATE=rotate, TOKEN_NORM=token_norm, EXACT=exact, num_warps=4)
+                              ROTATE=rotate, TOKEN_NORM=token_norm, EXACT=exact,
+                              ROTATE_V=rotate if rotate_values is None else rotate_values, num_warps=4)
     return (QTensor(kc, ks, kz, 2, 32, -2), QTensor(vc, vs, vz, 2, 32, -1), norms if token_norm else None)
 
 

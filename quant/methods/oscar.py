@@ -6,6 +6,12 @@ channel in groups of G tokens. Values: rotate with the same H_d, quantize per to
 channels (not norm-scaled). New tokens wait in a full-precision window; every R tokens the block is
 quantized (block flush for K and V); the prompt quantizes floor(L / R) * R tokens.
 Dequantized: K = (K_unit_hat * n) @ H_d, V = V_hat @ H_d (H_d is symmetric and its own inverse).
+
+The values' rotation is "offline" by default, as in the official code: make_cache(method, model) folds H_d
+into the model's v_proj rows and o_proj columns (quant/fold.py), so the values arrive rotated, are quantized
+as they come, and the attention output goes to o_proj in that basis. "online" rotates them in the cache and
+back after attention (the same function; the folded weights differ from the originals by their rounding).
+A cache made from a config alone (no model to fold) rotates online.
 """
 from __future__ import annotations
 
@@ -25,6 +31,10 @@ class OScaRConfig(MethodConfig):
     group_size: int = 32
     residual_length: int = 128
     rotation: str = "hadamard"  # "hadamard" | "none"
+    # Where the values' H_d lives: "offline" folded into v_proj / o_proj by make_cache(method, model) (the
+    # official code's choice; the kernels then skip V's rotation in the pack and after attention), "online"
+    # in the cache.
+    value_rotation: str = "offline"
     token_norm: bool = True
     # [ours] key groups also end at modality boundaries (needs cache.set_modalities). Off by default:
     # measured ~1% lower key error on mixed sequences for +1.5% scale storage (see harness tni / notes).
@@ -34,6 +44,8 @@ class OScaRConfig(MethodConfig):
         check(self.bits in (2, 3, 4), f"oscar.bits must be 2, 3 or 4, got {self.bits}")
         check_pow2_group("oscar.group_size", self.group_size)
         check(self.rotation in ("hadamard", "none"), f"oscar.rotation must be 'hadamard' or 'none', got {self.rotation!r}")
+        check(self.value_rotation in ("offline", "online"),
+              f"oscar.value_rotation must be 'offline' (folded into v_proj/o_proj) or 'online', got {self.value_rotation!r}")
         check(isinstance(self.align_modality_groups, bool), "oscar.align_modality_groups must be true or false")
         check(self.residual_length > 0 and self.residual_length % self.group_size == 0,
               f"oscar.residual_length ({self.residual_length}) must be a positive multiple of group_size ({self.group_size})")
@@ -61,20 +73,22 @@ def aligned_starts(tags: torch.Tensor | None, start: int, length: int, group: in
 
 
 def pack_block(k: torch.Tensor, v: torch.Tensor, config: OScaRConfig, rot: torch.Tensor | None,
-               starts: torch.Tensor | None = None):
+               starts: torch.Tensor | None = None, rotate_values: bool = True):
     """The reference packer for a block of T tokens (T a multiple of the group size).
 
     k, v: [B, H, T, D]. Returns (k_q: QTensor axis -2 of K_unit, v_q: QTensor axis -1 of V_rot,
     norms: float32 [B, T] or None when token scaling is off). `starts`: variable key groups.
+    rotate_values=False: V is quantized as it comes (the model's weights carry its rotation).
     """
     if k.is_cuda and config.bits == 2 and config.group_size == 32 and starts is None:
         from quant.kernels import default_backend, pack_kv
 
         backend = default_backend(k.device)
         if backend != "torch":  # the fused CUDA/Triton packer writes the same layout
-            return pack_kv(k, v, rotate=rot is not None, token_norm=config.token_norm, backend=backend)
+            return pack_kv(k, v, rotate=rot is not None, token_norm=config.token_norm, backend=backend,
+                           rotate_values=rot is not None and rotate_values)
     k_rot = k.float() @ rot if rot is not None else k.float()
-    v_rot = v.float() @ rot if rot is not None else v.float()
+    v_rot = v.float() @ rot if rot is not None and rotate_values else v.float()
     norms = token_norms(k_rot) if config.token_norm else None
     k_unit = k_rot / norms[:, None, :, None] if norms is not None else k_rot
     return (
@@ -96,9 +110,12 @@ class OScaRLayer(QuantLayer):
         self._rot: torch.Tensor | None = None
         self._win: tuple[torch.Tensor, torch.Tensor] | None = None  # the fast path's fixed window (see _fast_step)
         self._win_len: torch.Tensor | None = None
+        self._values_rotated = True  # the cache rotates V (and the output back); see lazy_initialization
 
     def lazy_initialization(self, key_states, value_states):
         super().lazy_initialization(key_states, value_states)
+        # The values arrive rotated when make_cache folded H_d into the model's weights (quant/fold.py).
+        self._values_rotated = not self.ctx.shared.get("values_folded", False)
         if self.config.rotation == "hadamard":
             self._rot = hadamard(self.ctx.head_dim, device=self.device)
 
@@ -110,7 +127,8 @@ class OScaRLayer(QuantLayer):
         if full:
             start = 0 if self.k_q is None else self.k_q.num_tokens
             starts = aligned_starts(self.ctx.shared.get("modalities"), start, full, c.group_size) if c.align_modality_groups else None
-            k_q, v_q, norms = pack_block(self.k_res[..., :full, :], self.v_res[..., :full, :], c, self._rot, starts)
+            k_q, v_q, norms = pack_block(self.k_res[..., :full, :], self.v_res[..., :full, :], c, self._rot, starts,
+                                         self._values_rotated)
             self.k_q, self.v_q = cat_optional(self.k_q, k_q), cat_optional(self.v_q, v_q)
             if norms is not None:
                 self.norms = norms if self.norms is None else torch.cat([self.norms, norms], -1)
@@ -151,7 +169,7 @@ class OScaRLayer(QuantLayer):
             self._win[1].index_copy_(2, pos, v)
             self._win_len.add_(1)
             self.advance_host()
-        kv = PackedKV(self.k_q, self.v_q, self.norms, self._win[0], self._win[1], self._rot)
+        kv = PackedKV(self.k_q, self.v_q, self.norms, self._win[0], self._win[1], self._rot, self._values_rotated)
         return PackedStep(kv, None, self._win_len)
 
     def _open_window(self):
@@ -193,7 +211,8 @@ class OScaRLayer(QuantLayer):
             k = k * self.norms[:, None, :, None]
         v = self.v_q.dequantize()
         if self._rot is not None:
-            k, v = k @ self._rot, v @ self._rot
+            k = k @ self._rot
+            v = v @ self._rot if self._values_rotated else v
         return k, v
 
     def _dense(self):
@@ -204,7 +223,7 @@ class OScaRLayer(QuantLayer):
 
     def packed_view(self) -> PackedKV:
         """The stored state as the handle fast attention kernels read (see quant.packed.PackedKV)."""
-        return PackedKV(self.k_q, self.v_q, self.norms, self.k_res, self.v_res, self._rot)
+        return PackedKV(self.k_q, self.v_q, self.norms, self.k_res, self.v_res, self._rot, self._values_rotated)
 
     def _stored(self):
         return {"codes": [self.k_q, self.v_q], "norms": [self.norms], "residual": [self.k_res, self.v_res]}

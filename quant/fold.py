@@ -1,0 +1,110 @@
+"""OScaR's value rotation folded into a model's weights (the official code's "offline V Hadamard"), and undone.
+
+In every text attention layer, with H = H_d / sqrt(d) per head (symmetric, H H = I):
+    v_proj:  W_v <- R_kv W_v,  b_v <- R_kv b_v     R_kv = blockdiag(H, .., H) over the KV heads' output rows
+    o_proj:  W_o <- W_o R_q                        R_q = blockdiag(H, .., H) over the query heads' input columns
+Each head's values come out as V H; attention mixes values within a head, so its output is O H, and o_proj's
+columns take H back out. The model computes the same function (the folded weights are rounded to their dtype).
+A cache made for it stores the values as they come: the kernels skip V's rotation in the pack and the rotation
+back after attention.
+
+`set_folded(model, on)` puts a model in the wanted state. Folding keeps the original weights (CPU copies) and
+unfolding restores them bit for bit, so methods sharing one loaded model (eval --quant bf16,oscar,kivi) each see
+the weights they expect. Only attention classes whose output goes straight from the value mix to o_proj are
+folded (FOLDABLE); another class raises, naming the switch that avoids it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from quant.primitives import hadamard
+
+# Attention modules (transformers) whose forward is o_proj(softmax(q k^T) v) with v = v_proj(x) per head and
+# nothing between: no gate on the output, no norm on the values.
+FOLDABLE = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention", "Qwen3MoeAttention",
+            "Qwen3VLTextAttention", "Qwen3VLMoeTextAttention", "Qwen3OmniMoeThinkerTextAttention")
+_ORIGINALS = "_oscar_value_fold"  # attribute of a folded model: the original weights, to restore
+
+
+def wants_fold(method) -> bool:
+    """Whether `method` expects the model's weights to carry the values' rotation."""
+    return (getattr(method, "method", None) == "oscar" and method.rotation == "hadamard"
+            and method.value_rotation == "offline")
+
+
+def attention_layers(model: nn.Module) -> list[nn.Module]:
+    """The text backbone's attention modules (those with v_proj and o_proj, as many as its layers) in order;
+    raises ValueError when they are not all of a class known to fold."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    found = [m for m in model.modules() if isinstance(getattr(m, "v_proj", None), nn.Linear)
+             and isinstance(getattr(m, "o_proj", None), nn.Linear)]
+    unknown = sorted({type(m).__name__ for m in found} - set(FOLDABLE))
+    if unknown or len(found) != config.num_hidden_layers:
+        what = (f"attention class {', '.join(unknown)} is not among the classes known to fold ({', '.join(FOLDABLE)})"
+                if unknown else f"found {len(found)} attention modules with v_proj/o_proj for "
+                f"{config.num_hidden_layers} layers")
+        raise ValueError(f"oscar.value_rotation='offline' folds the value Hadamard into v_proj/o_proj, but {what}: "
+                         "pass oscar.value_rotation=online (--quant-opts value_rotation=online) to rotate in the cache")
+    return found
+
+
+def is_folded(model: nn.Module) -> bool:
+    return any(hasattr(m, _ORIGINALS) for m in model.modules())
+
+
+def set_folded(model: nn.Module, on: bool) -> bool:
+    """Fold (on) or restore (off) the values' rotation in `model`'s weights; a no-op when already so. Returns on."""
+    if not on:
+        for m in model.modules():
+            originals = m.__dict__.pop(_ORIGINALS, None)
+            if originals is not None:
+                with torch.no_grad():
+                    for param, saved in zip(_params(m), originals):
+                        param.copy_(saved)
+        return False
+    if hasattr(model, _ORIGINALS):
+        return True
+    set_folded(model, False)  # a submodule folded on its own (another entry point) starts from the originals
+    layers = attention_layers(model)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    d = getattr(config, "head_dim", None) or config.hidden_size // heads
+    params = [p for layer in layers for p in _layer_params(layer)]
+    if any(p.device.type == "meta" or p.dtype not in (torch.float16, torch.bfloat16, torch.float32) for p in params):
+        raise ValueError("oscar.value_rotation='offline' needs v_proj/o_proj as fp16/bf16/fp32 weights in memory "
+                         "(not offloaded or quantized): pass oscar.value_rotation=online")
+    originals = [p.detach().to("cpu", copy=True) for p in params]
+    with torch.no_grad():
+        for layer in layers:
+            _fold_layer(layer, kv_heads, heads, d)
+    model.__dict__[_ORIGINALS] = originals
+    return True
+
+
+def _layer_params(layer: nn.Module) -> list[torch.Tensor]:
+    v, o = layer.v_proj, layer.o_proj
+    return [v.weight] + ([v.bias] if v.bias is not None else []) + [o.weight]
+
+
+def _params(model: nn.Module) -> list[torch.Tensor]:
+    return [p for layer in attention_layers(model) for p in _layer_params(layer)]
+
+
+def _fold_layer(layer: nn.Module, kv_heads: int, heads: int, d: int) -> None:
+    v, o = layer.v_proj, layer.o_proj
+    if v.out_features != kv_heads * d or o.in_features != heads * d:
+        raise ValueError(f"v_proj ({v.out_features} outputs) / o_proj ({o.in_features} inputs) do not match "
+                         f"{kv_heads} KV heads and {heads} query heads of {d}: pass oscar.value_rotation=online")
+    work = torch.float64 if v.weight.dtype == torch.float32 else torch.float32
+    signs = (hadamard(d) * math.sqrt(d)).round()  # the +-1 entries, exact
+    h = signs.to(device=v.weight.device, dtype=work) / math.sqrt(d)
+    w = v.weight.to(work).view(kv_heads, d, -1)
+    v.weight.copy_((h @ w).reshape(v.weight.shape))  # rows of each KV head: H W_h
+    if v.bias is not None:
+        v.bias.copy_((h @ v.bias.to(work).view(kv_heads, d, 1)).reshape(-1))
+    w = o.weight.to(work).view(o.out_features, heads, d)
+    o.weight.copy_((w @ h).reshape(o.weight.shape))  # columns of each query head: W_h H
