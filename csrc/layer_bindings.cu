@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include "include/oscar_gemv.cuh"
+#include "include/oscar_msg.h"
 #include "include/oscar_rmsnorm.cuh"
 #include "include/oscar_rope.cuh"
 
@@ -16,8 +17,8 @@ bool aligned16(const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.da
 void check_weight(const torch::Tensor& w, const torch::Tensor& x, const char* name) {
   TORCH_CHECK(w.is_cuda() && w.device() == x.device() && w.scalar_type() == x.scalar_type() && w.dim() == 2 &&
                   w.size(1) == x.size(1) && w.size(0) >= 1 && w.is_contiguous() && aligned16(w),
-              "gemv: ", name, " must be a contiguous, 16-byte aligned [n, ", x.size(1), "] CUDA tensor of x's dtype on its "
-              "device, got ", w.sizes(), " ", w.scalar_type());
+              "gemv: ", name, " must be a contiguous, 16-byte aligned [n, ", oscar::num(x.size(1)), "] CUDA tensor of x's dtype on its "
+              "device, got ", oscar::shape(w.sizes()), " ", w.scalar_type());
 }
 
 // x [m, k] (last dim contiguous, row stride % 8 == 0); weights: 1 to 3 [n_s, k] contiguous tensors, biases: one
@@ -30,15 +31,15 @@ std::vector<torch::Tensor> gemv(torch::Tensor x, std::vector<torch::Tensor> weig
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.stride(1) == 1, "gemv: x must be a CUDA [m, k] tensor with a contiguous "
               "last dim");
   const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(m >= 1 && m <= oscar::kGemvMaxRows, "gemv: x has ", m, " rows, the kernel takes 1 to ",
-              oscar::kGemvMaxRows);
+  TORCH_CHECK(m >= 1 && m <= oscar::kGemvMaxRows, "gemv: x has ", oscar::num(m), " rows, the kernel takes 1 to ",
+              oscar::num(oscar::kGemvMaxRows));
   TORCH_CHECK(k % 8 == 0 && aligned16(x) && x.stride(0) % 8 == 0, "gemv: x must be 16-byte aligned with k and the row "
               "stride divisible by 8");
   const int segments = static_cast<int>(weights.size());
   TORCH_CHECK(segments >= 1 && segments <= oscar::kGemvMaxSegments && biases.size() == weights.size(),
-              "gemv: 1 to ", oscar::kGemvMaxSegments, " weights, and as many biases (empty tensors for none)");
+              "gemv: 1 to ", oscar::num(oscar::kGemvMaxSegments), " weights, and as many biases (empty tensors for none)");
   const bool gated = w_up.numel() > 0;
-  TORCH_CHECK(rows == 1 || rows == 2 || rows == 4, "gemv: rows per CTA must be 1, 2 or 4, got ", rows);
+  TORCH_CHECK(rows == 1 || rows == 2 || rows == 4, "gemv: rows per CTA must be 1, 2 or 4, got ", oscar::num(rows));
   oscar::GemvParams p{};
   p.x = x.data_ptr(), p.x_stride = x.stride(0), p.m = static_cast<int>(m), p.k = static_cast<int>(k);
   p.segments = segments;
@@ -80,10 +81,10 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
               "rms_norm: x must be a CUDA fp16/bf16 [rows, n] tensor with a contiguous last dim");
   const int64_t rows = x.size(0), n = x.size(1);
   TORCH_CHECK(n >= 8 && n % 8 == 0 && n <= oscar::kNormMaxN && aligned16(x) && (rows <= 1 || x.stride(0) % 8 == 0),
-              "rms_norm: n must be a multiple of 8 up to ", oscar::kNormMaxN, " with 16-byte aligned rows, got n ", n);
+              "rms_norm: n must be a multiple of 8 up to ", oscar::num(oscar::kNormMaxN), " with 16-byte aligned rows, got n ", oscar::num(n));
   TORCH_CHECK(weight.is_cuda() && weight.device() == x.device() && weight.scalar_type() == x.scalar_type() &&
                   weight.dim() == 1 && weight.size(0) == n && weight.is_contiguous() && aligned16(weight),
-              "rms_norm: weight must be a contiguous, 16-byte aligned [", n, "] tensor of x's dtype on its device");
+              "rms_norm: weight must be a contiguous, 16-byte aligned [", oscar::num(n), "] tensor of x's dtype on its device");
   auto out = torch::empty({rows, n}, x.options());
   oscar::NormParams p{x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, rows <= 1 ? n : x.stride(0),
                       static_cast<int>(n), static_cast<float>(eps)};
@@ -116,7 +117,7 @@ std::vector<torch::Tensor> rope(torch::Tensor q, torch::Tensor k, torch::Tensor 
   TORCH_CHECK(d % 8 == 0 && k.size(0) == b && k.size(2) == length && k.size(3) == d && cos.sizes() == sin.sizes() &&
                   cos.strides() == sin.strides() && (cos.size(0) == 1 || cos.size(0) == b) && cos.size(1) == length &&
                   cos.size(2) == d,
-              "rope: shapes q ", q.sizes(), ", k ", k.sizes(), ", cos ", cos.sizes(), " do not match (D % 8 == 0)");
+              "rope: shapes q ", oscar::shape(q.sizes()), ", k ", oscar::shape(k.sizes()), ", cos ", oscar::shape(cos.sizes()), " do not match (D % 8 == 0)");
   auto oq = torch::empty_like(q), ok = torch::empty_like(k);
   oscar::RopeParams p{q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr(), oq.data_ptr(), ok.data_ptr(),
                       static_cast<int>(length), static_cast<int>(q.size(1)), static_cast<int>(k.size(1)),

@@ -6,6 +6,7 @@
 
 #include "include/oscar_decode.cuh"
 #include "include/oscar_floor.cuh"
+#include "include/oscar_msg.h"
 #include "include/oscar_pack.cuh"
 
 #ifndef OSCAR_HEAD_DIM
@@ -31,8 +32,9 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                      torch::Tensor v_res, torch::Tensor kv_lens, torch::Tensor res_lens, torch::Tensor counters,
                      int64_t tokens,
                      int64_t num_splits, int64_t split_tokens, double scaling, bool rotate, bool rotate_out, bool window_cta,
+                     int64_t order,
                      torch::Tensor trace) {
-  TORCH_CHECK(q.dim() == 4 && q.size(3) == D, "q must be [B, Hq, Lq, ", D, "]");
+  TORCH_CHECK(q.dim() == 4 && q.size(3) == D, "q must be [B, Hq, Lq, ", oscar::num(D), "]");
   const auto dt = q.scalar_type();
   TORCH_CHECK(dt == torch::kHalf || dt == torch::kBFloat16, "q must be fp16 or bf16");
   check(q, "q", dt);
@@ -51,9 +53,9 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
   const int64_t b = q.size(0), hkv = k_res.size(1);
   TORCH_CHECK(q.size(1) % hkv == 0, "query heads must be a multiple of KV heads");
   const int64_t group = q.size(1) / hkv, lq = q.size(2);
-  TORCH_CHECK(group * lq <= 16, "group * Lq = ", group * lq, " exceeds the 16 rows of one tile");
+  TORCH_CHECK(group * lq <= 16, "group * Lq = ", oscar::num(group * lq), " exceeds the 16 rows of one tile");
   TORCH_CHECK(tokens % 32 == 0 && split_tokens % 32 == 0, "tokens and split_tokens must be multiples of 32");
-  TORCH_CHECK(num_splits + 1 <= oscar::kMaxSplits, "too many splits: ", num_splits);
+  TORCH_CHECK(num_splits + 1 <= oscar::kMaxSplits, "too many splits: ", oscar::num(num_splits));
   TORCH_CHECK(counters.numel() >= b * hkv, "counters must hold a zeroed int32 per (batch, kv head)");
   const c10::cuda::CUDAGuard guard(q.device());
   auto f32 = q.options().dtype(torch::kFloat32);
@@ -68,11 +70,12 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                         res_lens.data_ptr<int32_t>(), part_o.data_ptr<float>(), part_ml.data_ptr<float>(),
                         counters.data_ptr<int32_t>(), out.data_ptr(), static_cast<int>(hkv), static_cast<int>(group), static_cast<int>(lq),
                         static_cast<int>(tokens), static_cast<int>(num_splits), static_cast<int>(split_tokens),
-                        static_cast<float>(scaling * 1.4426950408889634), rotate, rotate_out, window_cta, nullptr};
+                        static_cast<float>(scaling * 1.4426950408889634), rotate, rotate_out, window_cta,
+                        static_cast<int>(order), nullptr};
   if (trace.numel() > 0) {  // diagnostics: per CTA kTraceSlots u64 (quant/kernels/sweep_splits.py)
     TORCH_CHECK(trace.scalar_type() == torch::kInt64 && trace.is_cuda() && trace.is_contiguous() &&
                     trace.numel() >= (num_splits + 1) * b * hkv * oscar::kTraceSlots,
-                "trace must be a contiguous int64 CUDA tensor of (splits + 1) * B * Hkv * ", oscar::kTraceSlots);
+                "trace must be a contiguous int64 CUDA tensor of (splits + 1) * B * Hkv * ", oscar::num(oscar::kTraceSlots));
     p.trace = reinterpret_cast<unsigned long long*>(trace.data_ptr<int64_t>());
   }
   auto stream = c10::cuda::getCurrentCUDAStream();
@@ -85,11 +88,11 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
 // k, v [B, H, T, D] (fp16/bf16/fp32, last dim contiguous), T % 32 == 0 -> (kc, ks, kz, vc, vs, vz, norms),
 // codes in the frag order and value scales/zeros per block as [D/32][32] (quant/packed.py).
 std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, bool token_norm, bool rotate_values) {
-  TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.size(3) == D, "K and V must be [B, H, T, ", D, "]");
+  TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.size(3) == D, "K and V must be [B, H, T, ", oscar::num(D), "]");
   TORCH_CHECK(k.is_cuda() && v.is_cuda() && k.scalar_type() == v.scalar_type(), "K and V: CUDA, same dtype");
   TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "K and V need a contiguous last dim");
   const int64_t b = k.size(0), h = k.size(1), t = k.size(2);
-  TORCH_CHECK(t % 32 == 0, "a packed block needs a multiple of 32 tokens, got ", t);
+  TORCH_CHECK(t % 32 == 0, "a packed block needs a multiple of 32 tokens, got ", oscar::num(t));
   const c10::cuda::CUDAGuard guard(k.device());
   auto i32 = k.options().dtype(torch::kInt32), f16 = k.options().dtype(torch::kHalf);
   auto kc = torch::empty({b, h, t / 16, D}, i32), ks = torch::empty({b, h, t / 32, D}, f16), kz = torch::empty_like(ks);

@@ -84,7 +84,7 @@ def test_method_names_and_stored_baselines_resolve(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     for method, scores in (("bf16", A_SCORES), ("kivi", B_SCORES)):
         R.write_result(make_result(method, scores), R.run_path("handmade", "generated", "tiny-model", method))
-    R.write_result(make_result("bf16", A_SCORES), f"results/baselines/handmade.generated/tiny-model/bf16.json")
+    R.write_result(make_result("bf16", A_SCORES), "results/baselines/handmade.generated/tiny-model/bf16.json")
     assert cli(["compare", "bf16", "kivi"]) == 0  # one run dir holds both: found without flags
     assert "bf16 (A) -> kivi (B)" in capsys.readouterr().out
     assert cli(["compare", "baseline:bf16", "kivi", "--max-drop", "0.1"]) == 1

@@ -63,6 +63,48 @@ def test_cuda_decode_matches_oracle(group, d, rotate_values, window_cta):
 
 
 @needs_gpu
+@pytest.mark.parametrize("window_cta", [False, True])
+def test_cuda_decode_launch_orders_agree_bit_for_bit(window_cta):
+    # The CTA order (DecodeParams::order) changes only which (split, row) a block index works on: every order covers
+    # each (split, row) once, and the merge reads the partials by split index, so the outputs are the same bits.
+    kv = random_packed_kv(5, 2, 704, 90, 128, seed=11, device="cuda", rotate_values=False)
+    kv_lens, res_lens = [700, 333, 97, 0, 650], [90, 1, 40, 5, 0]
+    q = torch.randn(5, 8, 1, 128, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).cuda()
+    outs = [kcuda.decode_attention(q, kv, 0.088, kv_lens=kv_lens, res_lens=res_lens, split_tokens=96,
+                                   window_cta=window_cta, order=o) for o in (0, 1, 2)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    ref = attention_f64(q.cpu(), kv, 0.088, kv_lens, res_lens)
+    assert relative_error(outs[1], ref) <= 2 * relative_error(attention_bf16(q.cpu(), kv, 0.088, kv_lens, res_lens), ref)
+    with pytest.raises(ValueError, match="order must be"):
+        kcuda.decode_attention(q, kv, 0.088, order=3)
+
+
+@needs_gpu
+def test_binding_checks_raise_with_their_numbers():
+    # Run 82: a failing check whose message streamed an integer segfaulted in these extensions on the device image;
+    # numbers and shapes now enter messages through std::to_string (csrc/include/oscar_msg.h).
+    k = torch.randn(1, 2, 48, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="multiple of 32 tokens, got 48"):
+        kcuda.load(128).pack(k, k, True, True, False)
+    layers = kcuda.load_layers()
+    x = torch.randn(2, 12, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="got n 12"):
+        layers.rms_norm(x, torch.ones(12, device="cuda", dtype=torch.bfloat16), 1e-6)
+    x, w = torch.randn(3, 24, device="cuda", dtype=torch.bfloat16), torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"\[n, 24\] CUDA tensor .* got \[8, 16\]"):  # run 83's message
+        layers.gemv(x, [w], [torch.empty(0)], torch.empty(0), 1)
+
+
+def test_cta_order_starts_window_ctas_last_over_several_waves():
+    # One wave keeps rows in order (the planner's slowest-SM model assumes it); several waves with the windows in their
+    # own CTAs start those last (run 80: qwen3 64 x 4K 2 splits + window CTAs 100.5 us vs 109.3 in row order).
+    assert kcuda.cta_order(8, 32, True, 396) == kcuda.ORDER_ROWS  # 1 x 128K, one wave
+    assert kcuda.cta_order(128, 2, False, 396) == kcuda.ORDER_ROWS  # 16 x 32K, one wave
+    assert kcuda.cta_order(512, 2, True, 396) == kcuda.ORDER_SPECIAL_LAST  # 64 x 4K: 1536 CTAs
+    assert kcuda.cta_order(512, 3, False, 396) == kcuda.ORDER_ROWS  # window folded: row by row
+
+
+@needs_gpu
 def test_cuda_decode_speculative_and_fp16_residual():
     kv = random_packed_kv(1, 2, 256, 9, 128, seed=5, device="cuda", res_dtype=torch.float16)
     q = torch.randn(1, 8, 3, 128).to(torch.float16)
@@ -220,7 +262,12 @@ def test_decode_plan_picks_the_single_wave_whose_slowest_sm_ends_first():
     assert kcuda.decode_plan(130944, 32, 132, 3, 64) == (11904, 11, True)
     assert kcuda.decode_plan(32640, 128, 132, 3, 128) == (16768, 2, False)
     assert kcuda.decode_plan(32640, 8, 132, 3, 128) == (1024, 32, True)
-    assert kcuda.decode_plan(3968, 512, 132, 3, 128) == (1408, 3, False)  # 1536 CTAs, 3.9 of 4 waves
+    # several waves: where a folded window would weigh >= 1/4 of a split, the windows get their own CTAs, started
+    # last (runs 80-81: 64 x 4K 99.6-100.5 us against 105.8 for 3 splits, window folded); light windows stay folded
+    assert kcuda.decode_plan(3968, 512, 132, 3, 128) == (2048, 2, True)  # 1024 split + 512 window CTAs, 3.9 waves
+    assert kcuda.decode_plan(3968, 512, 132, 3, 128, window_cta=False) == (1408, 3, False)  # 1536 CTAs, 3.9 waves
+    assert kcuda.decode_plan(3968, 2048, 132, 3, 128) == (896, 5, False)  # llava 64 x 4K: 26 waves, folded
+    assert kcuda.decode_plan(32640, 512, 132, 3, 128) == (10880, 3, False)  # llava 16 x 32K: a light window
     assert kcuda.decode_plan(4096, 300, 132, 3, 0) == (4096, 1, False)  # one wave of one split per row
     # rows just above the SMs: several nearly full waves beat one uneven wave (run 55), but not at 80 rows
     assert kcuda.decode_plan(130944, 112, 132, 3, 64) == (18816, 7, False)  # 14 x 128K: 784 CTAs in 1.98 waves

@@ -123,6 +123,28 @@ __device__ __forceinline__ int atomic_add_acq_rel(int32_t* p, int32_t v) {
   return old;
 }
 
+// The (row, x) a CTA works on, x as blockIdx.x would be in the plain row-by-row order (0: the window's own CTA with
+// window_cta; gridDim.x - 1 without it: the last split, carrying the folded window). The block scheduler starts CTAs in
+// linear order (blockIdx.y * gridDim.x + blockIdx.x), so p.order decides which work starts first: order 1 starts
+// every row's special CTA first (the longest when the window is folded; measured slower, run 80), order 2 last (the
+// window's own CTAs of a several-wave plan, short, filling the last wave's gaps: quant/kernels/cuda.py cta_order).
+struct CtaWork {
+  int64_t row;
+  int x;
+};
+
+__device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
+  const int n = static_cast<int>(gridDim.x);
+  if (p.order == 0 || n < 2) return {static_cast<int64_t>(blockIdx.y), static_cast<int>(blockIdx.x)};
+  const int64_t rows = gridDim.y, lin = static_cast<int64_t>(blockIdx.y) * n + blockIdx.x;
+  const int special = p.window_cta ? 0 : n - 1;
+  const int64_t first_other = p.order == 1 ? rows : 0, first_special = p.order == 1 ? 0 : rows * (n - 1);
+  if (lin >= first_special && lin < first_special + rows) return {lin - first_special, special};
+  const int64_t j = lin - first_other;
+  const int xi = static_cast<int>(j % (n - 1));
+  return {j / (n - 1), p.window_cta ? xi + 1 : xi};
+}
+
 // Grid (num_splits + 1, B * Hkv) with window_cta: CTA 0 attends to the full-precision window (its partial is
 // slot num_splits), CTA x > 0 to quantized split x - 1. Else grid (max(num_splits, 1), B * Hkv): CTA x attends
 // to split x and the last one also to the window first. The last CTA to finish merges all partials
@@ -135,9 +157,10 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   const int warp = threadIdx.x >> 5;
   // Window first in its own CTA (its code runs once per step, from a cold instruction cache: 4-13 us, in parallel
   // with the splits) or folded into the last split's CTA (batched steps, where a slot per row is too dear).
-  const bool window = p.window_cta ? blockIdx.x == 0 : blockIdx.x == gridDim.x - 1;
-  const int split = p.window_cta ? static_cast<int>(blockIdx.x) - 1 : static_cast<int>(blockIdx.x);
-  const int64_t bh = blockIdx.y;
+  const CtaWork cw = cta_work(p);
+  const int64_t bh = cw.row;
+  const bool window = p.window_cta ? cw.x == 0 : cw.x == static_cast<int>(gridDim.x) - 1;
+  const int split = p.window_cta ? cw.x - 1 : cw.x;
   const int b = static_cast<int>(bh / p.kv_heads), h = static_cast<int>(bh % p.kv_heads);
   int arrivals = 0;
   WarpState<D, NT> w;

@@ -44,6 +44,9 @@ struct DecodeParams {
                      // folded into the model's v_proj / o_proj, quant/fold.py, and the output stays as it is)
   bool window_cta;   // the window has its own CTA, blockIdx.x 0 (scheduled first); else it is folded into the
                      // last split's CTA
+  int order;         // which CTA of the grid does which (split, row) (cta_work): 0 row by row; 1 each row's special
+                     // CTA (the window's own, or the last split carrying the folded window) first, for all rows, then
+                     // the others row by row; any other value: the special CTAs last
   unsigned long long* trace;  // diagnostics, usually null: per CTA [6] %globaltimer stamps + SM id (kTraceSlots)
 };
 

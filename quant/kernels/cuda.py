@@ -26,7 +26,7 @@ from quant.packed import PackedKV, QTensor
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = ("oscar_bindings.cu", "include/oscar_common.cuh", "include/oscar_layout.cuh", "include/oscar_decode.cuh",
            "include/oscar_decode_impl.cuh", "include/oscar_combine.cuh", "include/oscar_pack.cuh",
-           "include/oscar_floor.cuh")
+           "include/oscar_floor.cuh", "include/oscar_msg.h")
 
 
 def cache_dir() -> Path:
@@ -77,7 +77,7 @@ def load(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: b
 
 
 LAYER_SOURCES = ("layer_bindings.cu", "include/oscar_type16.cuh", "include/oscar_gemv.cuh", "include/oscar_rmsnorm.cuh",
-                 "include/oscar_rope.cuh")
+                 "include/oscar_rope.cuh", "include/oscar_msg.h")
 
 
 @functools.lru_cache(maxsize=None)
@@ -200,7 +200,8 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 
 def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None,
                      split_tokens: int | None = None, min_blocks: int = 3, waves: float | None = None,
-                     trace: torch.Tensor | None = None, window_cta: bool | None = None) -> torch.Tensor:
+                     trace: torch.Tensor | None = None, window_cta: bool | None = None,
+                     order: int | None = None) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
     Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
@@ -211,6 +212,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     scheduled first (default: when one wave holds it beside >= 8 splits per row, see `separate_window`), else
     it is folded into the last split's CTA. trace (diagnostics): an int64 CUDA tensor of
     (splits + 1) * B * Hkv * 8 that receives per-CTA %globaltimer stamps (quant/kernels/sweep_splits.py).
+    order: which CTAs the block scheduler starts first (`cta_order`; default: the planner's).
     """
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
         raise ValueError("the CUDA kernels rotate with the Sylvester Hadamard; this cache uses another "
@@ -235,6 +237,11 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     else:
         splits = -(-x.tokens // split_tokens) if x.tokens else 0
     window_cta = bool(window_cta)
+    if order is None:
+        order = cta_order(rows, splits, window_cta, num_sms(query.device) * min_blocks)
+    elif order not in (ORDER_ROWS, ORDER_SPECIAL_FIRST, ORDER_SPECIAL_LAST):
+        raise ValueError(f"order must be {ORDER_ROWS} (row by row), {ORDER_SPECIAL_FIRST} (each row's window or "
+                         f"window-carrying CTA first) or {ORDER_SPECIAL_LAST} (those last), got {order!r}")
     mod = load(x.head_dim, min_blocks=min_blocks)
     if not all(_aligned(r) for r in (x.k_res, x.v_res)):  # the kernel reads the window with 16-byte loads
         x.k_res, x.v_res = x.k_res.contiguous(), x.v_res.contiguous()
@@ -242,7 +249,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         x.q = x.q.clone()
     out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
                      _counters(query.device, rows), x.tokens, splits, split_tokens, float(scaling),
-                     kv.hadamard is not None, kv.rotate_out, window_cta,
+                     kv.hadamard is not None, kv.rotate_out, window_cta, order,
                      _NO_TRACE[query.device] if trace is None else trace)
     return out.to(query.dtype)
 
@@ -264,14 +271,41 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     16x32K 2 splits 154.6, 3 158.3 (runs 32-35). While the rows fit one wave, plans of several waves compete too
     (`_best_plan`); beyond, `plan_splits`'s wave rule decides (64x4K: 3 splits, 1536 CTAs, beat 2 and 4)."""
     slots = sms * min_blocks
-    if window_cta is None:
+    auto = window_cta is None
+    if auto:
         window_cta = separate_window(rows, slots)
     room = max(slots - rows, rows) if window_cta else slots  # for the splits' CTAs
     window = 0 if window_cta else residual
     if tokens == 0 or rows > room:
         split, n = plan_splits(tokens, rows, room, window=window)
-        return split, n, window_cta
-    return _best_plan(tokens, rows, sms, room, -(-residual // 32) * 32, window_cta)
+    else:
+        split, n, window_cta = _best_plan(tokens, rows, sms, room, -(-residual // 32) * 32, window_cta)
+    if residual and tokens and rows * (n + window_cta) > slots and (window_cta or (
+            auto and residual * WINDOW_TOKEN_WEIGHT >= split / 4 and rows * n <= 8 * slots)):
+        split, n = waves_with_window(tokens, rows, slots)
+        window_cta = True
+    return split, n, window_cta
+
+
+def waves_with_window(tokens: int, rows: int, slots: int, most: int = 8) -> tuple[int, int]:
+    """A plan of several waves in which each row's window has its own CTA, started after every split (`cta_order`):
+    the splits' count whose CTAs plus the windows' fill their waves best (ties: fewer). The block scheduler hands
+    freed slots the next CTA, so the short window CTAs fill the last wave's gaps instead of lengthening one split
+    per row. `decode_plan` takes it when a folded window would weigh >= 1/4 of a split and the grid is a few waves
+    (H100, runs 80-81, dirty / read-only flush us):
+    - qwen3 64 x 4K (window 683 weighed tokens against 1408-token splits, 3.9 waves): 3 splits, window folded,
+      105.8-105.9 / 98.8-99.2; 2 splits and the window CTAs last 99.6-100.5 / 91.0-91.5 (in row order 109.3 / 101.0);
+    - where the window is light against a split, folding stays: qwen3 14 x 128K 7 splits folded 522.6 / 496.7 against
+      6 splits and window CTAs 567.1 / 540.8 (7 and window CTAs: 519.7 / 491.7); 17 x 128K 650.3 / 622.5 against
+      675.0 / 663.0;
+    - and so it does over many waves: llava 64 x 4K (26 waves) 352.1 / 352.2 folded, 356.6 / 354.7 with window CTAs."""
+    def busy(s):
+        ctas = rows * (s + 1)
+        return ctas / (-(-ctas // slots) * slots)
+
+    want = max(range(1, most + 1), key=lambda s: (round(busy(s), 3), -s))
+    split = max(128, -(-tokens // (want * 128)) * 128)
+    return split, -(-tokens // split)
 
 
 # A CTA's fixed cost (query load, partial write and arrival: ~4 us) in packed tokens streamed meanwhile (~12 GB/s per
@@ -361,6 +395,22 @@ def plan_splits(tokens: int, rows: int, slots: int, block: int = 128, most: int 
     weighted = tokens + (round(window * WINDOW_TOKEN_WEIGHT) if rows * want <= slots else 0)
     split = max(block, -(-weighted // (want * block)) * block)
     return split, -(-tokens // split)
+
+
+# The kernel's CTA orders (DecodeParams::order): which CTAs the block scheduler starts first.
+ORDER_ROWS, ORDER_SPECIAL_FIRST, ORDER_SPECIAL_LAST = 0, 1, 2
+
+
+def cta_order(rows: int, splits: int, window_cta: bool, slots: int) -> int:
+    """The launch order of a plan. The block scheduler starts CTAs in linear order and, over several waves, hands
+    each freed slot the next one (a list schedule). A several-wave plan with the windows in their own CTAs starts
+    them last, so that the short window CTAs fill the last wave's gaps (`waves_with_window`). Everything else goes
+    row by row: the planner's `slowest_sm` model of one wave deals CTA i to SM i mod SMs in that order, and starting
+    the window-carrying last splits first measured slower (run 80, dirty flush: qwen3 64 x 4K 109.6-109.9 against
+    105.8-106.5 us, llava 64 x 4K 372.1 against 351.3; within 1% either way at 14 and 17 x 128K)."""
+    if window_cta and splits >= 1 and rows * (splits + 1) > slots:
+        return ORDER_SPECIAL_LAST
+    return ORDER_ROWS
 
 
 def separate_window(rows: int, slots: int) -> bool:

@@ -55,9 +55,10 @@ def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
 
 
 def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | None = None,
-              balance: bool = False) -> dict:
+              balance: bool = False, order: int | None = None) -> dict:
     """window: the window's own CTA (True), folded into the last split's (False), or the planner's choice;
-    balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally."""
+    balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally;
+    order: the CTAs' launch order (cuda.cta_order; None: the planner's)."""
     import triton.testing
 
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
@@ -75,11 +76,13 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
             splits = -(-x.tokens // split_tokens)
     mod = cuda.load(x.head_dim, min_blocks=min_blocks)
     counters = cuda._counters(q.device, rows)
+    if order is None:
+        order = cuda.cta_order(rows, splits, window, slots)
 
     def fn():
         return mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
                           counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, kv.rotate_out, window,
-                          cuda._NO_TRACE[q.device])
+                          order, cuda._NO_TRACE[q.device])
 
     one, many = graph_of(fn, 1), graph_of(fn, 20)
     flushed = 1e3 * triton.testing.do_bench(one.replay, warmup=25, rep=200, return_mode="median")
@@ -94,24 +97,26 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     torch.cuda.synchronize()
     warm = 1e3 * start.elapsed_time(end) / 200
     ctas = (splits + 1 if window else max(splits, 1)) * rows
-    return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "ctas": ctas,
+    return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "order": order, "ctas": ctas,
             "flushed_us": flushed, "clean_us": clean, "warm_us": warm}
 
 
-def trace_plan(q, kv, min_blocks: int = 3) -> dict:
+def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None) -> dict:
     """One planned launch with per-CTA stamps; returns the phase summary (us) and the raw stamps."""
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
     rows = x.batch * x.kv_heads
     _, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual)
+    if order is None:
+        order = cuda.cta_order(rows, splits, window, num_sms(q.device) * min_blocks)
     ctas = (splits + 1 if window else max(splits, 1)) * rows
     # the binding asks for (splits + 1) rows of stamps per (b, kv head) whatever the window's placement
     trace = torch.zeros((splits + 1) * rows * 8, dtype=torch.int64, device=q.device)
     for _ in range(3):  # warm, then the traced launch is the last
         trace.zero_()
-        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, min_blocks=min_blocks)
+        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, min_blocks=min_blocks, order=order)
     torch.cuda.synchronize()
     stamps = trace[:ctas * 8].view(ctas, 8).cpu()
-    return {"ctas": ctas, "splits": splits, "window_cta": window, **summarize_trace(stamps),
+    return {"ctas": ctas, "splits": splits, "window_cta": window, "order": order, **summarize_trace(stamps),
             "stamps": stamps.tolist() if ctas <= 512 else None}
 
 
@@ -152,10 +157,14 @@ def main() -> None:
                    help="the window's placement: the planner's choice, its own CTA, or in the last split's CTA")
     p.add_argument("--balance", action="store_true",
                    help="size the --splits counts like the planner (a folded window weighed in), not equally")
+    p.add_argument("--orders", default="plan",
+                   help="CTA launch orders to time each plan in, comma-separated: plan (cuda.cta_order's choice), "
+                        "0 (row by row), 1 (each row's window or window-carrying CTA first), 2 (those last)")
     p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     window = {"auto": None, "cta": True, "folded": False}[a.window]
+    orders = [None if o == "plan" else int(o) for o in a.orders.split(",")]
     rows = []
     for point in a.points.split(","):
         b, ctx = (int(v) for v in point.lower().split("x"))
@@ -163,14 +172,15 @@ def main() -> None:
         for s in [None] + [int(v) for v in a.splits.split(",") if v]:
             if s is not None and s * 128 > ctx * 2:
                 continue
-            r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
-                 **time_plan(q, kv, s, a.min_blocks, window, a.balance)}
-            rows.append(r)
-            print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, {r['ctas']:>5} CTAs)"
-                  f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us  clean-L2 "
-                  f"{r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
+            for order in orders:
+                r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
+                     **time_plan(q, kv, s, a.min_blocks, window, a.balance, order)}
+                rows.append(r)
+                print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, {r['ctas']:>5} "
+                      f"CTAs, order {r['order']}){' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us"
+                      f"  clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
         if a.trace:
-            tr = trace_plan(q, kv, a.min_blocks)
+            tr = trace_plan(q, kv, a.min_blocks, None if orders == [None] else orders[-1])
             rows.append({"shape": a.shape, "batch": b, "context": ctx, "trace": tr})
             print(f"  trace {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, min/median/p90/max): start {tr['start_us']} "
                   f"query {tr['query_us']} loop {tr['loop_us']} partial {tr['partial_us']} window {tr['window_us']} "
