@@ -164,9 +164,11 @@ def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bo
     blk_k, blk_v = k[:, :, :128].contiguous(), v[:, :, :128].contiguous()
     row["pack_block128_us"] = _median_us(lambda: pack_kv(blk_k, blk_v, backend="cuda", rotate_values=False))
     if "cuda" in backends:  # what any kernel pays to stream these bytes and launch this grid (floor.py)
-        from quant.kernels.floor import floor_point, planned_ctas
+        from quant.kernels.cuda import launch_plan
+        from quant.kernels.floor import floor_point
 
-        row.update(floor_point(row["oscar_bytes"], planned_ctas(q, kv)))
+        row["cuda_plan"] = launch_plan(q, kv)
+        row.update(floor_point(row["oscar_bytes"], row["cuda_plan"]["ctas"]))
     # Each backend reads the codes in its own order, as its own pack writes them (the CUDA "frag" order, Triton's
     # natural one): converted once here, not inside the timed call (run 77 timed that conversion as Triton's decode).
     natural = dataclasses.replace(kv, k=kv.k.to_order("natural"), v=kv.v.to_order("natural"))

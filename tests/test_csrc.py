@@ -95,6 +95,21 @@ def test_binding_checks_raise_with_their_numbers():
         layers.gemv(x, [w], [torch.empty(0)], torch.empty(0), 1)
 
 
+@needs_gpu
+def test_several_wave_plan_with_window_ctas_last_matches_oracle():
+    # 512 rows (64 x 8 KV heads) whose 90-token windows weigh more than a quarter of a split: the planner gives the
+    # windows their own CTAs, started last (several waves on any GPU of <= 170 SMs); as exact as row order.
+    kv = random_packed_kv(64, 8, 320, 90, 64, seed=4, device="cuda", rotate_values=False)
+    q = torch.randn(64, 32, 1, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).cuda()
+    plan = kcuda.launch_plan(q, kv)
+    assert plan["window_cta"] and plan["order"] == kcuda.ORDER_SPECIAL_LAST and plan["ctas"] == 512 * (plan["splits"] + 1)
+    out = kcuda.decode_attention(q, kv, 0.125)
+    assert torch.equal(out, kcuda.decode_attention(q, kv, 0.125, window_cta=True, order=kcuda.ORDER_ROWS,
+                                                   split_tokens=plan["split_tokens"]))
+    ref = attention_f64(q.cpu(), kv, 0.125)
+    assert relative_error(out, ref) <= 2 * relative_error(attention_bf16(q.cpu(), kv, 0.125), ref)
+
+
 def test_cta_order_starts_window_ctas_last_over_several_waves():
     # One wave keeps rows in order (the planner's slowest-SM model assumes it); several waves with the windows in their
     # own CTAs start those last (run 80: qwen3 64 x 4K 2 splits + window CTAs 100.5 us vs 109.3 in row order).

@@ -287,6 +287,16 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     return split, n, window_cta
 
 
+def launch_plan(query: torch.Tensor, kv: PackedKV, min_blocks: int = 3) -> dict:
+    """The decode's planned launch for these inputs, as `decode_attention` makes it: splits, their tokens, the
+    window's placement, the CTA order and the grid's CTAs (recorded per point by `oscar-eval bench`)."""
+    x = prepare_decode(query, kv, rotate_query=False, order="frag")
+    rows, slots = x.batch * x.kv_heads, num_sms(query.device) * min_blocks
+    split, splits, window_cta = decode_plan(x.tokens, rows, num_sms(query.device), min_blocks, x.residual)
+    return {"splits": splits, "split_tokens": split, "window_cta": window_cta,
+            "order": cta_order(rows, splits, window_cta, slots), "ctas": (splits + window_cta if splits else 1) * rows}
+
+
 def waves_with_window(tokens: int, rows: int, slots: int, most: int = 8) -> tuple[int, int]:
     """A plan of several waves in which each row's window has its own CTA, started after every split (`cta_order`):
     the splits' count whose CTAs plus the windows' fill their waves best (ties: fewer). The block scheduler hands

@@ -71,12 +71,8 @@ def launch_floor(ctas: int, device="cuda") -> dict:
 def planned_ctas(q, kv, min_blocks: int = 3) -> int:
     """CTAs of the decode's planned launch for these inputs."""
     from quant.kernels import cuda
-    from quant.kernels.common import num_sms, prepare_decode
 
-    x = prepare_decode(q, kv, rotate_query=False, order="frag")
-    rows = x.batch * x.kv_heads
-    _, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual)
-    return (splits + 1 if window else max(splits, 1)) * rows
+    return cuda.launch_plan(q, kv, min_blocks)["ctas"]
 
 
 def floor_point(nbytes: int, ctas: int, device="cuda") -> dict:
