@@ -61,6 +61,18 @@ def test_decode_values_as_they_come():
     check_decode(kv, 4, 1, kv_lens=[160 - 7, 95], res_lens=[23, 6], seed=32)
 
 
+def test_decode_launch_tuning_keeps_the_result():
+    # block_t / num_warps / num_stages / waves (the launch's tuning knobs, swept in run 87) change the tiling and the
+    # split plan, not the result: still within 2x the bf16 error.
+    kv = make_cache(2, 2, 256, 11, 64, seed=41)
+    q = torch.randn(2, 8, 1, 64, generator=torch.Generator().manual_seed(42)).to(torch.bfloat16)
+    ref = attention_f64(q, kv, 0.125)
+    budget = relative_error(attention_bf16(q, kv, 0.125), ref)
+    for opts in ({"block_t": 32, "num_stages": 2, "waves": 1.0}, {"block_t": 128, "num_warps": 8, "num_stages": 4}):
+        out = triton_decode.decode_attention(q.to(DEV), kv, 0.125, **opts)
+        assert relative_error(out, ref) <= 2 * budget, opts
+
+
 def test_decode_without_rotation_or_norm_and_empty_residual():
     kv = make_cache(1, 2, 96, 0, 64, seed=5, rotate=False, token_norm=False)
     check_decode(kv, 2, 1, kv_lens=[96], res_lens=[0], seed=6, split_tokens=128)

@@ -176,11 +176,13 @@ def combine_kernel(PO, PML, HD, OUT, num_splits,
 
 
 def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, block_t: int = 64,
-                     split_tokens: int | None = None, num_warps: int = 4):
+                     split_tokens: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+                     waves: float = 3):
     """OScaR decode attention with Triton. query [B, Hq, Lq, D] -> out [B, Hq, Lq, D] (query dtype).
 
     kv: quant.packed.PackedKV. kv_lens / res_lens: valid quantized / residual tokens per sequence
-    (default: all stored). split_tokens: tokens per split (default: fill ~3 waves of the device).
+    (default: all stored). split_tokens: tokens per split (default: fill ~`waves` waves of the device).
+    block_t, num_warps, num_stages (Triton's software pipelining; None: its default): the launch's tuning.
     """
     import torch
 
@@ -190,7 +192,7 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, blo
     m = padded_rows(x.group, x.lq)
     rows = x.batch * x.kv_heads
     if split_tokens is None:
-        split_tokens, splits = choose_split(x.tokens, rows, block_t, num_sms(query.device))
+        split_tokens, splits = choose_split(x.tokens, rows, block_t, num_sms(query.device), waves)
     else:
         if split_tokens % block_t:
             raise ValueError(f"split_tokens ({split_tokens}) must be a multiple of block_t ({block_t})")
@@ -204,7 +206,7 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, blo
         x.tokens, x.residual, splits, split_tokens, sl2,
         x.k_res.stride(0), x.k_res.stride(1), x.k_res.stride(2), x.v_res.stride(0), x.v_res.stride(1),
         x.v_res.stride(2), HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m, D=x.head_dim, BLOCK_T=block_t,
-        BLOCK_R=32, num_warps=num_warps)
+        BLOCK_R=32, num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}))
     out = torch.empty(query.shape, dtype=query.dtype, device=dev)
     combine_kernel[(rows,)](po, pml, x.hd, out, splits, HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m,
                             D=x.head_dim, ROTATE_OUT=kv.rotate_out, num_warps=4)
