@@ -18,6 +18,11 @@ import triton.language as tl
 
 NEG_INIT = tl.constexpr(-1.0e30)  # finite running-max start: fully masked blocks then give exp(-inf) = 0, never NaN
 LOG2E = 1.4426950408889634
+# Dots of fp32 operands (the window, the rotation back) on TF32 tensor cores. The window's q and k hold bf16 (or fp16)
+# values, which TF32 carries exactly (fp16's last mantissa bit aside); P and the merged output lose bits below 2^-11,
+# under the bf16 output's 2^-9. "ieee" runs on the FMA units: the merge's 16 x 128 x 128 rotation alone took ~155 us a
+# step on the H100 (run 88), and Triton's "tf32x3" compiled too slowly for the GPU tests (run 89).
+PRECISE = tl.constexpr("tf32")
 
 
 @triton.jit
@@ -79,7 +84,7 @@ def _online_update(s, v, m, l, acc):
     p = tl.exp2(s - m_new[:, None])
     l = l * alpha + tl.sum(p, 1)
     if v.dtype == tl.float32:
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISE)
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l, acc
@@ -130,11 +135,11 @@ def decode_split_kernel(
         for t0 in range(0, res_len, BLOCK_R):
             t = t0 + tl.arange(0, BLOCK_R)
             ok = t < res_len
-            # fp32 (exact products) for the <= ~128-token window: cheap, and bf16 dots are wrong under
-            # the Triton interpreter (3.9), which CI runs.
+            # fp32 operands (TF32 products, exact for bf16 values) for the <= ~128-token window: bf16 dots are wrong
+            # under the Triton interpreter (3.9), which CI runs.
             k = tl.load(kr_base + t[:, None] * stride_rt + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
             v = tl.load(vr_base + t[:, None] * stride_vt + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISE) * scale_log2
             s = tl.where(t[None, :] < limit[:, None], s, float("-inf"))
             m, l, acc = _online_update(s, v, m, l, acc)
     out = (bh * (num_splits + 1) + split).to(tl.int64)
@@ -167,7 +172,7 @@ def combine_kernel(PO, PML, HD, OUT, num_splits,
     o_r = w[:, None] * tl.load(PO + (base + num_splits) * M * D + r[:, None] * D + d[None, :])
     if ROTATE_OUT:
         hd = tl.load(HD + d[:, None] * D + d[None, :])
-        o_q = tl.dot(o_q, hd, input_precision="ieee")
+        o_q = tl.dot(o_q, hd, input_precision=PRECISE)
     out = (o_q + o_r) / l_tot[:, None]
     b = bh // HKV
     h = bh % HKV
