@@ -61,7 +61,8 @@ def pack_codes(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     words = (c << shifts).sum(-1)
     # Wrap to the int32 range (bit 31 set -> negative), keeping the bit pattern.
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    return words.movedim(-1, dim)
+    # contiguous: the kernels read the words as laid out (a moved-dim view cost the Triton decode a copy per call)
+    return words.movedim(-1, dim).contiguous()
 
 
 def unpack_codes(words: torch.Tensor, bits: int, dim: int) -> torch.Tensor:

@@ -62,13 +62,14 @@ def test_decode_values_as_they_come():
 
 
 def test_decode_launch_tuning_keeps_the_result():
-    # block_t / num_warps / num_stages / waves (the launch's tuning knobs, swept in run 87) change the tiling and the
-    # split plan, not the result: still within 2x the bf16 error.
+    # block_t / num_warps / num_stages / waves / maxnreg (the launch's tuning knobs, swept in runs 87 and 92) change
+    # the tiling and the split plan, not the result: still within 2x the bf16 error.
     kv = make_cache(2, 2, 256, 11, 64, seed=41)
     q = torch.randn(2, 8, 1, 64, generator=torch.Generator().manual_seed(42)).to(torch.bfloat16)
     ref = attention_f64(q, kv, 0.125)
     budget = relative_error(attention_bf16(q, kv, 0.125), ref)
-    for opts in ({"block_t": 32, "num_stages": 2, "waves": 1.0}, {"block_t": 128, "num_warps": 8, "num_stages": 4}):
+    for opts in ({"block_t": 32, "num_stages": 2, "waves": 1.0}, {"block_t": 128, "num_warps": 8, "num_stages": 4},
+                 {"block_t": 64, "maxnreg": 128, "waves": 4.0}, {"block_t": 256}):
         out = triton_decode.decode_attention(q.to(DEV), kv, 0.125, **opts)
         assert relative_error(out, ref) <= 2 * budget, opts
 
@@ -103,6 +104,10 @@ def test_decode_rejects_bad_lengths():
         triton_decode.decode_attention(q, kv, 0.1, kv_lens=[33])
     with pytest.raises(ValueError, match="only 4 in the full-precision window"):
         triton_decode.decode_attention(torch.randn(1, 4, 5, 64).to(DEV), kv, 0.1)
+    with pytest.raises(ValueError, match="block_t must be 32, 64, 128 or 256"):
+        triton_decode.decode_attention(q, kv, 0.1, block_t=48)
+    with pytest.raises(ValueError, match="must be a multiple of block_t"):
+        triton_decode.decode_attention(q, kv, 0.1, split_tokens=48)
     with pytest.raises(ValueError, match="multiple of KV heads"):
         triton_decode.decode_attention(q[:, :3], PackedKV(kv.k, kv.v, kv.norms, kv.k_res.expand(1, 2, 4, 64),
                                                            kv.v_res.expand(1, 2, 4, 64), kv.hadamard), 0.1)

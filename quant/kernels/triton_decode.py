@@ -10,6 +10,13 @@ and the values are V @ Hd: the quantized part accumulates P @ V_hat in the rotat
 program of each row handles the full-precision residual window (s_r = scaling * q . k_r, causal among
 the Lq new tokens). A combine kernel merges the splits by log-sum-exp and rotates the quantized part
 back: out = (O_q @ Hd + O_r) / L.
+
+Dequantization (_fp16_pairs) makes fp16 codes without int -> float conversions: two codes of a word at once are
+masked into the mantissas of an fp16 pair (1024 + c), then 1024 is subtracted and the scale and zero applied with
+packed fp16 arithmetic (one rounding, as c * scale + zero in fp32 then rounded). The pairs come out in a fixed
+permuted order inside each 16 tokens (keys) or 16 channels (values), which the kernel carries through (_perm16).
+Products are transposed (S^T = K Q^T, O^T = V^T P^T) so that the block's tokens fill the tensor core's M.
+Measured on an H100 (quant/kernels/NOTES.md, runs 91-92): Qwen3 1 x 128K 280.9 -> 231.5 us, 16 x 32K 740.6 -> 573.3.
 """
 from __future__ import annotations
 
@@ -26,19 +33,30 @@ PRECISE = tl.constexpr("tf32")
 
 
 @triton.jit
-def _unpack_tokens(words, ROWS: tl.constexpr, D: tl.constexpr):
-    """int32 [ROWS, D] words (16 tokens each) -> int32 codes [ROWS * 16, D]; token i at bits 2i."""
-    shifts = (tl.arange(0, 16) * 2)[None, :, None]
-    codes = (words[:, None, :] >> shifts) & 3
-    return tl.reshape(codes, (ROWS * 16, D))
+def _fp16_pairs(words):
+    """int32 words [A, B] of 16 INT2 codes (code i at bits 2i) -> (lo, hi) fp16 [A, B, 8]:
+    lo[a, b, j] = code j, hi[a, b, j] = code 8 + j. No int -> float conversion instructions: two codes at a time are
+    masked into the mantissas of the fp16 pair 1024 + c (bits 0x6400 | c), split, and 1024 is subtracted (exact)."""
+    shifts = tl.arange(0, 8) * 2
+    y = ((words[:, :, None] >> shifts[None, None, :]) & 0x00030003) | 0x64006400
+    lo = y.to(tl.int16).to(tl.float16, bitcast=True)
+    hi = (y >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    return lo - 1024.0, hi - 1024.0
 
 
 @triton.jit
-def _unpack_channels(words, ROWS: tl.constexpr, D: tl.constexpr):
-    """int32 [ROWS, D // 16] words (16 channels each) -> int32 codes [ROWS, D]."""
-    shifts = (tl.arange(0, 16) * 2)[None, None, :]
-    codes = (words[:, :, None] >> shifts) & 3
-    return tl.reshape(codes, (ROWS, D))
+def _halves(words, A: tl.constexpr, B: tl.constexpr):
+    """int32 words [A, B // 2] holding fp16 pairs (memory order) -> fp16 [A, B]. Loading fp16 scales two to a 4-byte
+    word lets Triton's pipeliner stage them with cp.async (2-byte loads stay synchronous, a stall per block)."""
+    lo = words.to(tl.int16).to(tl.float16, bitcast=True)
+    hi = (words >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    return tl.reshape(tl.join(lo, hi), (A, B))
+
+
+@triton.jit
+def _perm16(i):
+    """The token (or channel) at tile row (or column) i of _fp16_pairs' order: 16 (i // 16) + 8 (i % 2) + (i % 16) // 2."""
+    return (i // 16) * 16 + (i % 2) * 8 + (i % 16) // 2
 
 
 @triton.jit
@@ -48,6 +66,10 @@ def _quantized_block(qr, kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr, norm_pt
 
     Pointers are at (b, h, token 0). Keys: codes [T/16, D], scale/zero [T/32, D].
     Values: codes [T, D/16], scale/zero [T, D/32]. Norms fp32 [T].
+    Both come out permuted by _fp16_pairs' order: row i of the scores and of V holds token t0 + _perm16(i), and
+    column c of V holds channel _perm16(c); the caller stores the output's columns back in channel order.
+    Returns S^T [BLOCK_T, M] (qr comes as [D, M]) and V^T [D, BLOCK_T]: with the tokens in the M dimension the two
+    products fill the tensor core's 64-row tiles (the 4-8 query rows alone would pad M = 16).
     """
     d = tl.arange(0, D)
     # Loads past kv_len are masked to 0: they may lie past the stored tokens (or be another head's), and
@@ -55,25 +77,39 @@ def _quantized_block(qr, kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr, norm_pt
     rows = t0 // 16 + tl.arange(0, BLOCK_T // 16)
     kw = tl.load(kc_ptr + rows[:, None] * D + d[None, :], mask=(rows * 16 < kv_len)[:, None], other=0)
     grp = t0 // 32 + tl.arange(0, BLOCK_T // 32)
-    g = grp[:, None] * D + d[None, :]
+    g = grp[:, None] * (D // 2) + tl.arange(0, D // 2)[None, :]
     gok = (grp * 32 < kv_len)[:, None]
-    ks = tl.load(ks_ptr + g, mask=gok, other=0.0).to(tl.float32)
-    kz = tl.load(kz_ptr + g, mask=gok, other=0.0).to(tl.float32)
-    kcodes = tl.reshape(_unpack_tokens(kw, BLOCK_T // 16, D), (BLOCK_T // 32, 32, D)).to(tl.float32)
-    k = tl.reshape(kcodes * ks[:, None, :] + kz[:, None, :], (BLOCK_T, D)).to(tl.float16)
-    t = t0 + tl.arange(0, BLOCK_T)
+    ks = _halves(tl.load(ks_ptr.to(tl.pointer_type(tl.int32)) + g, mask=gok, other=0), BLOCK_T // 32, D)
+    kz = _halves(tl.load(kz_ptr.to(tl.pointer_type(tl.int32)) + g, mask=gok, other=0), BLOCK_T // 32, D)
+    klo, khi = _fp16_pairs(kw)  # [R, D, 8]: token 16r + j (lo), 16r + 8 + j (hi) of channel d
+    # [R, 8, 2, D] -> tile row 16r + 2j + h holds token 16r + 8h + j (_perm16); groups of 32 rows stay groups
+    kcodes = tl.reshape(tl.permute(tl.join(klo, khi), (0, 2, 3, 1)), (BLOCK_T // 32, 32, D))
+    k = tl.reshape(kcodes * ks[:, None, :] + kz[:, None, :], (BLOCK_T, D))
+    t = t0 + _perm16(tl.arange(0, BLOCK_T))
     tok = t < kv_len
     n = tl.load(norm_ptr + t, mask=tok, other=0.0)
-    s = tl.dot(qr, tl.trans(k)) * (n * scale_log2)[None, :]
-    s = tl.where(tok[None, :], s, float("-inf"))
+    s = tl.dot(k, qr) * (n * scale_log2)[:, None]
+    s = tl.where(tok[:, None], s, float("-inf"))
 
     vw = tl.load(vc_ptr + t[:, None] * (D // 16) + tl.arange(0, D // 16)[None, :], mask=tok[:, None], other=0)
-    gv = t[:, None] * (D // 32) + tl.arange(0, D // 32)[None, :]
-    vs = tl.load(vs_ptr + gv, mask=tok[:, None], other=0.0).to(tl.float32)
-    vz = tl.load(vz_ptr + gv, mask=tok[:, None], other=0.0).to(tl.float32)
-    vcodes = tl.reshape(_unpack_channels(vw, BLOCK_T, D), (BLOCK_T, D // 32, 32)).to(tl.float32)
-    v = tl.reshape(vcodes * vs[:, :, None] + vz[:, :, None], (BLOCK_T, D)).to(tl.float16)
-    return s, v
+    gv = t[:, None] * (D // 64) + tl.arange(0, D // 64)[None, :]
+    vs = _halves(tl.load(vs_ptr.to(tl.pointer_type(tl.int32)) + gv, mask=tok[:, None], other=0), BLOCK_T, D // 32)
+    vz = _halves(tl.load(vz_ptr.to(tl.pointer_type(tl.int32)) + gv, mask=tok[:, None], other=0), BLOCK_T, D // 32)
+    vlo, vhi = _fp16_pairs(vw)  # [T, D/16, 8]: channel 16w + j (lo), 16w + 8 + j (hi)
+    vcodes = tl.reshape(tl.join(vlo, vhi), (BLOCK_T, D // 32, 32))  # column 16w + 2j + h
+    v = tl.reshape(vcodes * vs[:, :, None] + vz[:, :, None], (BLOCK_T, D))
+    return s, tl.trans(v)
+
+
+@triton.jit
+def _online_update_t(s, vt, m, l, acct):
+    """The transposed step: s [N, M] log2-scaled scores S^T, vt [D, N], acct [D, M]."""
+    m_new = tl.maximum(m, tl.max(s, 0))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[None, :])
+    l = l * alpha + tl.sum(p, 0)
+    acct = acct * alpha[None, :] + tl.dot(vt, p.to(vt.dtype))
+    return m_new, l, acct
 
 
 @triton.jit
@@ -115,7 +151,8 @@ def decode_split_kernel(
     l = tl.zeros((M,), tl.float32)
     acc = tl.zeros((M, D), tl.float32)
     if split < num_splits:
-        qr = tl.load(QR + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+        qr = tl.load(QR + q_off[None, :] + d[:, None], mask=row_ok[None, :], other=0.0)  # [D, M]
+        acct = tl.zeros((D, M), tl.float32)
         kv_len = tl.load(KV_LEN + b)
         start = split * split_tokens
         end = tl.minimum(start + split_tokens, kv_len)
@@ -124,7 +161,8 @@ def decode_split_kernel(
             s, v = _quantized_block(qr, KC + kbase // 16 * D, KS + kbase // 32 * D, KZ + kbase // 32 * D,
                                     VC + kbase * (D // 16), VS + kbase * (D // 32), VZ + kbase * (D // 32),
                                     NORM + b.to(tl.int64) * T, t0, kv_len, scale_log2, BLOCK_T, D)
-            m, l, acc = _online_update(s, v, m, l, acc)
+            m, l, acct = _online_update_t(s, v, m, l, acct)
+        acc = tl.trans(acct)
     else:
         q = tl.load(Q + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         res_len = tl.load(RES_LEN + b)
@@ -143,7 +181,9 @@ def decode_split_kernel(
             s = tl.where(t[None, :] < limit[:, None], s, float("-inf"))
             m, l, acc = _online_update(s, v, m, l, acc)
     out = (bh * (num_splits + 1) + split).to(tl.int64)
-    tl.store(PO + out * M * D + r[:, None] * D + d[None, :], acc)
+    # a quantized split's columns are in _fp16_pairs' channel order
+    col = tl.where(split < num_splits, _perm16(d), d)
+    tl.store(PO + out * M * D + r[:, None] * D + col[None, :], acc)
     tl.store(PML + out * 2 * M + r, m)
     tl.store(PML + out * 2 * M + M + r, l)
 
@@ -180,14 +220,16 @@ def combine_kernel(PO, PML, HD, OUT, num_splits,
     tl.store(OUT + o_off[:, None] + d[None, :], out.to(OUT.dtype.element_ty), mask=(r < GROUP * LQ)[:, None])
 
 
-def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, block_t: int = 64,
+def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, block_t: int | None = None,
                      split_tokens: int | None = None, num_warps: int = 4, num_stages: int | None = None,
-                     waves: float = 3):
+                     waves: float = 3, maxnreg: int | None = None):
     """OScaR decode attention with Triton. query [B, Hq, Lq, D] -> out [B, Hq, Lq, D] (query dtype).
 
     kv: quant.packed.PackedKV. kv_lens / res_lens: valid quantized / residual tokens per sequence
     (default: all stored). split_tokens: tokens per split (default: fill ~`waves` waves of the device).
-    block_t, num_warps, num_stages (Triton's software pipelining; None: its default): the launch's tuning.
+    The launch's tuning: block_t (tokens per step of a split's loop; default 128, or the largest of 64 / 32 dividing
+    a given split_tokens), num_warps, num_stages (Triton's software pipelining; None: its default), maxnreg (a
+    register cap per thread, hence more programs per SM; None: the compiler's choice). Run 92 swept them.
     """
     import torch
 
@@ -196,6 +238,10 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, blo
     x = prepare_decode(query, kv, kv_lens, res_lens)
     m = padded_rows(x.group, x.lq)
     rows = x.batch * x.kv_heads
+    if block_t is None:
+        block_t = next((bt for bt in (128, 64) if split_tokens is None or split_tokens % bt == 0), 32)
+    if block_t not in (32, 64, 128, 256):
+        raise ValueError(f"block_t must be 32, 64, 128 or 256 (whole quantization groups, a power of two), got {block_t}")
     if split_tokens is None:
         split_tokens, splits = choose_split(x.tokens, rows, block_t, num_sms(query.device), waves)
     else:
@@ -211,7 +257,8 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, blo
         x.tokens, x.residual, splits, split_tokens, sl2,
         x.k_res.stride(0), x.k_res.stride(1), x.k_res.stride(2), x.v_res.stride(0), x.v_res.stride(1),
         x.v_res.stride(2), HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m, D=x.head_dim, BLOCK_T=block_t,
-        BLOCK_R=32, num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}))
+        BLOCK_R=32, num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
+        **({} if maxnreg is None else {"maxnreg": maxnreg}))
     out = torch.empty(query.shape, dtype=query.dtype, device=dev)
     combine_kernel[(rows,)](po, pml, x.hd, out, splits, HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m,
                             D=x.head_dim, ROTATE_OUT=kv.rotate_out, num_warps=4)
