@@ -74,6 +74,20 @@ def test_decode_launch_tuning_keeps_the_result():
         assert relative_error(out, ref) <= 2 * budget, opts
 
 
+def test_plan_splits_one_wave_where_rows_are_few():
+    # Run 95 (H100, 132 SMs, 2 programs each): Qwen3 1 x 128K, 8 rows, ran 168 us with 32 splits (8 x 33 programs:
+    # exactly one wave with the window's) against 220 us for the 3-wave rule's 49. Batched points keep that rule.
+    assert triton_decode.plan_splits(130944, 8, 128, 132, 2) == (4096, 32)
+    assert triton_decode.plan_splits(3968, 8, 128, 132, 2) == (512, 8)  # splits of >= 4 blocks (run 95: 8 was best)
+    assert triton_decode.plan_splits(130944, 4, 128, 132, 2) == (2048, 64)  # the omni thinker's 4 KV heads
+    assert triton_decode.plan_splits(32640, 128, 128, 132, 2) == (8192, 4)  # 16 x 32K: <4 splits fit a wave
+    assert triton_decode.plan_splits(130944, 8, 128, 132, 2, waves=3) == (2688, 49)  # a given waves: the old rule
+    assert triton_decode.plan_splits(0, 8, 128, 132, 2) == (128, 0)
+    for tokens, rows in ((130944, 8), (5000, 3), (32640, 32), (100, 1)):
+        split, splits = triton_decode.plan_splits(tokens, rows, 64, 132, 3)
+        assert split % 64 == 0 and (splits - 1) * split < tokens <= splits * split
+
+
 def test_decode_without_rotation_or_norm_and_empty_residual():
     kv = make_cache(1, 2, 96, 0, 64, seed=5, rotate=False, token_norm=False)
     check_decode(kv, 2, 1, kv_lens=[96], res_lens=[0], seed=6, split_tokens=128)

@@ -16,7 +16,8 @@ masked into the mantissas of an fp16 pair (1024 + c), then 1024 is subtracted an
 packed fp16 arithmetic (one rounding, as c * scale + zero in fp32 then rounded). The pairs come out in a fixed
 permuted order inside each 16 tokens (keys) or 16 channels (values), which the kernel carries through (_perm16).
 Products are transposed (S^T = K Q^T, O^T = V^T P^T) so that the block's tokens fill the tensor core's M.
-Measured on an H100 (quant/kernels/NOTES.md, runs 91-92): Qwen3 1 x 128K 280.9 -> 231.5 us, 16 x 32K 740.6 -> 573.3.
+Measured on an H100 (quant/kernels/NOTES.md, runs 91-96): Qwen3 1 x 128K 365.6 -> 173.0 us (cuDNN 194.4), 16 x 32K
+570.5 (cuDNN 698.9), with the one-wave split plan (plan_splits) at batch 1.
 """
 from __future__ import annotations
 
@@ -220,20 +221,57 @@ def combine_kernel(PO, PML, HD, OUT, num_splits,
     tl.store(OUT + o_off[:, None] + d[None, :], out.to(OUT.dtype.element_ty), mask=(r < GROUP * LQ)[:, None])
 
 
+_PROGRAMS: dict = {}  # compiled launch configuration -> resident programs per SM (programs_per_sm)
+
+
+def programs_per_sm(kernel, device) -> int:
+    """Programs of a compiled Triton kernel resident on one SM at once: the least of what its registers (allocated per
+    warp in units of 256), its shared memory (+1 KB the hardware reserves per block) and its warps allow."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    kernel._init_handles()  # loads the binary: n_regs is known from here on
+    warps = kernel.metadata.num_warps
+    per_warp = -(-max(kernel.n_regs, 1) * 32 // 256) * 256
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (per_warp * warps)
+    by_smem = getattr(props, "shared_memory_per_multiprocessor", 233472) // (kernel.metadata.shared + 1024)
+    by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
+    return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
+def plan_splits(tokens: int, rows: int, block: int, sms: int, programs: int, waves: float | None = None,
+                min_blocks: int = 4) -> tuple[int, int]:
+    """(split_tokens, splits) of the Triton decode. rows = B * Hkv; programs: resident programs per SM.
+
+    waves=None: when at least 4 splits of each row fit one wave with the window's programs (rows * (splits + 1) <=
+    sms * programs), exactly one wave of splits of >= min_blocks blocks (run 95, Qwen3 1 x 128K: 32 splits, 264
+    programs on 132 SMs x 2, 168 us, where the 3-wave rule's 49 splits ran 1.5 waves in 220 us); else rows * splits ~
+    3 x sms (common.choose_split, as before run 95). A given `waves` always takes the latter rule."""
+    from quant.kernels.common import choose_split
+
+    one_wave = sms * programs // max(rows, 1) - 1
+    if waves is not None or one_wave < 4 or tokens == 0:
+        return choose_split(tokens, rows, block, sms, 3 if waves is None else waves)
+    splits = max(1, min(one_wave, -(-tokens // (min_blocks * block))))
+    split_tokens = -(-tokens // (splits * block)) * block
+    return split_tokens, -(-tokens // split_tokens)
+
+
 def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, block_t: int | None = None,
                      split_tokens: int | None = None, num_warps: int = 4, num_stages: int | None = None,
-                     waves: float = 3, maxnreg: int | None = None):
+                     waves: float | None = None, maxnreg: int | None = None):
     """OScaR decode attention with Triton. query [B, Hq, Lq, D] -> out [B, Hq, Lq, D] (query dtype).
 
     kv: quant.packed.PackedKV. kv_lens / res_lens: valid quantized / residual tokens per sequence
-    (default: all stored). split_tokens: tokens per split (default: fill ~`waves` waves of the device).
+    (default: all stored). split_tokens: tokens per split (default: plan_splits, with `waves` and the compiled
+    kernel's programs per SM).
     The launch's tuning: block_t (tokens per step of a split's loop; default 128, or the largest of 64 / 32 dividing
     a given split_tokens), num_warps, num_stages (Triton's software pipelining; None: its default), maxnreg (a
     register cap per thread, hence more programs per SM; None: the compiler's choice). Run 92 swept them.
     """
     import torch
 
-    from quant.kernels.common import choose_split, num_sms, padded_rows, prepare_decode
+    from quant.kernels.common import num_sms, padded_rows, prepare_decode
 
     x = prepare_decode(query, kv, kv_lens, res_lens)
     m = padded_rows(x.group, x.lq)
@@ -242,23 +280,34 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, blo
         block_t = next((bt for bt in (128, 64) if split_tokens is None or split_tokens % bt == 0), 32)
     if block_t not in (32, 64, 128, 256):
         raise ValueError(f"block_t must be 32, 64, 128 or 256 (whole quantization groups, a power of two), got {block_t}")
-    if split_tokens is None:
-        split_tokens, splits = choose_split(x.tokens, rows, block_t, num_sms(query.device), waves)
-    else:
-        if split_tokens % block_t:
-            raise ValueError(f"split_tokens ({split_tokens}) must be a multiple of block_t ({block_t})")
-        splits = -(-x.tokens // split_tokens)
+    if split_tokens is not None and split_tokens % block_t:
+        raise ValueError(f"split_tokens ({split_tokens}) must be a multiple of block_t ({block_t})")
     dev = query.device
+    sl2 = float(scaling) * LOG2E
+    options = dict(HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m, D=x.head_dim, BLOCK_T=block_t, BLOCK_R=32,
+                   num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
+                   **({} if maxnreg is None else {"maxnreg": maxnreg}))
+
+    def args(splits, split_tokens, po, pml):
+        return (x.q, x.qr, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens, po,
+                pml, x.tokens, x.residual, splits, split_tokens, sl2, x.k_res.stride(0), x.k_res.stride(1),
+                x.k_res.stride(2), x.v_res.stride(0), x.v_res.stride(1), x.v_res.stride(2))
+
+    if split_tokens is None:
+        programs = 2  # the default launch's measured value (255 registers, 4 warps), where it cannot be read
+        if dev.type == "cuda":
+            key = (dev.index, x.q.dtype, x.k_res.dtype, tuple(sorted(options.items())))
+            if key not in _PROGRAMS:  # compile without launching and read the binary's registers and shared memory
+                scratch = torch.empty(1, dtype=torch.float32, device=dev)
+                _PROGRAMS[key] = programs_per_sm(decode_split_kernel.warmup(*args(1, block_t, scratch, scratch),
+                                                                            grid=(1,), **options), dev)
+            programs = _PROGRAMS[key]
+        split_tokens, splits = plan_splits(x.tokens, rows, block_t, num_sms(dev), programs, waves)
+    else:
+        splits = -(-x.tokens // split_tokens)
     po = torch.empty(rows, splits + 1, m, x.head_dim, dtype=torch.float32, device=dev)
     pml = torch.empty(rows, splits + 1, 2, m, dtype=torch.float32, device=dev)
-    sl2 = float(scaling) * LOG2E
-    decode_split_kernel[(splits + 1, rows)](
-        x.q, x.qr, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens, po, pml,
-        x.tokens, x.residual, splits, split_tokens, sl2,
-        x.k_res.stride(0), x.k_res.stride(1), x.k_res.stride(2), x.v_res.stride(0), x.v_res.stride(1),
-        x.v_res.stride(2), HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m, D=x.head_dim, BLOCK_T=block_t,
-        BLOCK_R=32, num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
-        **({} if maxnreg is None else {"maxnreg": maxnreg}))
+    decode_split_kernel[(splits + 1, rows)](*args(splits, split_tokens, po, pml), **options)
     out = torch.empty(query.shape, dtype=query.dtype, device=dev)
     combine_kernel[(rows,)](po, pml, x.hd, out, splits, HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m,
                             D=x.head_dim, ROTATE_OUT=kv.rotate_out, num_warps=4)
