@@ -16,8 +16,8 @@ masked into the mantissas of an fp16 pair (1024 + c), then 1024 is subtracted an
 packed fp16 arithmetic (one rounding, as c * scale + zero in fp32 then rounded). The pairs come out in a fixed
 permuted order inside each 16 tokens (keys) or 16 channels (values), which the kernel carries through (_perm16).
 Products are transposed (S^T = K Q^T, O^T = V^T P^T) so that the block's tokens fill the tensor core's M.
-Measured on an H100 (quant/kernels/NOTES.md, runs 91-96): Qwen3 1 x 128K 365.6 -> 173.0 us (cuDNN 194.4), 16 x 32K
-570.5 (cuDNN 698.9), with the one-wave split plan (plan_splits) at batch 1.
+Measured on an H100 (quant/kernels/NOTES.md, runs 91-98): Qwen3 1 x 128K 365.6 -> 166.4 us (cuDNN 193.9), 16 x 32K
+571.2 (cuDNN 702.2), with the one-wave split plan (plan_splits) at batch 1 and the query rotated in the kernel.
 """
 from __future__ import annotations
 
@@ -129,13 +129,14 @@ def _online_update(s, v, m, l, acc):
 
 @triton.jit
 def decode_split_kernel(
-    Q, QR, KC, KS, KZ, VC, VS, VZ, NORM, KR, VR, KV_LEN, RES_LEN, PO, PML,
+    Q, HD, KC, KS, KZ, VC, VS, VZ, NORM, KR, VR, KV_LEN, RES_LEN, PO, PML,
     T, Tr, num_splits, split_tokens, scale_log2,
     stride_rb, stride_rh, stride_rt, stride_vb, stride_vh, stride_vt,
     HKV: tl.constexpr, GROUP: tl.constexpr, LQ: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, ROTATE: tl.constexpr,
 ):
-    """Partial attention of one split. Q, QR: [B, Hq, LQ, D] fp16 (QR = Q @ Hd).
+    """Partial attention of one split. Q: [B, Hq, LQ, D] (the window's dtype); HD: the fp32 [D, D] rotation of the
+    keys (ROTATE: a quantized split rotates its query by it, QR = Q @ Hd, in fp32 then fp16).
 
     Writes PO[b, h, split] = unnormalized output [M, D] fp32 and PML[b, h, split] = (m, l) [2, M]
     (row max in log2 units, sum of exp2). Row r of M is query token r // GROUP of head h*GROUP + r % GROUP.
@@ -152,7 +153,20 @@ def decode_split_kernel(
     l = tl.zeros((M,), tl.float32)
     acc = tl.zeros((M, D), tl.float32)
     if split < num_splits:
-        qr = tl.load(QR + q_off[None, :] + d[:, None], mask=row_ok[None, :], other=0.0)  # [D, M]
+        if ROTATE:  # QR = Q Hd, 32 channels of Q at a time (registers), each as two TF32 products: Hd's high part
+            # (10 mantissa bits, TF32-exact) and the rest; Q's bf16 / fp16 values are TF32-exact. Q's rows in M, as in
+            # the window's products (the transposed form, Hd^T Q^T, faulted on the H100 under Triton 3.6 at D = 64).
+            qacc = tl.zeros((M, D), tl.float32)
+            for c in tl.static_range(0, D, 32):
+                dc = c + tl.arange(0, 32)
+                qc = tl.load(Q + q_off[:, None] + dc[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+                hdc = tl.load(HD + dc[:, None] * D + d[None, :])  # Hd's rows c..c+31
+                hi = (hdc.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+                qacc += tl.dot(qc, hi, input_precision=PRECISE) + tl.dot(qc, hdc - hi, input_precision=PRECISE)
+            qt = tl.trans(qacc)
+        else:
+            qt = tl.load(Q + q_off[None, :] + d[:, None], mask=row_ok[None, :], other=0.0).to(tl.float32)  # Q^T
+        qr = qt.to(tl.float16)
         acct = tl.zeros((D, M), tl.float32)
         kv_len = tl.load(KV_LEN + b)
         start = split * split_tokens
@@ -273,7 +287,7 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, blo
 
     from quant.kernels.common import num_sms, padded_rows, prepare_decode
 
-    x = prepare_decode(query, kv, kv_lens, res_lens)
+    x = prepare_decode(query, kv, kv_lens, res_lens, rotate_query=False)  # the kernel rotates the query
     m = padded_rows(x.group, x.lq)
     rows = x.batch * x.kv_heads
     if block_t is None:
@@ -285,11 +299,12 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, blo
     dev = query.device
     sl2 = float(scaling) * LOG2E
     options = dict(HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m, D=x.head_dim, BLOCK_T=block_t, BLOCK_R=32,
+                   ROTATE=kv.hadamard is not None,
                    num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
                    **({} if maxnreg is None else {"maxnreg": maxnreg}))
 
     def args(splits, split_tokens, po, pml):
-        return (x.q, x.qr, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens, po,
+        return (x.q, x.hd, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens, po,
                 pml, x.tokens, x.residual, splits, split_tokens, sl2, x.k_res.stride(0), x.k_res.stride(1),
                 x.k_res.stride(2), x.v_res.stride(0), x.v_res.stride(1), x.v_res.stride(2))
 
