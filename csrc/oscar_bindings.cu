@@ -32,7 +32,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                      torch::Tensor v_res, torch::Tensor kv_lens, torch::Tensor res_lens, torch::Tensor counters,
                      int64_t tokens,
                      int64_t num_splits, int64_t split_tokens, double scaling, bool rotate, bool rotate_out, bool window_cta,
-                     int64_t order,
+                     int64_t order, int64_t merge_group,
                      torch::Tensor trace) {
   TORCH_CHECK(q.dim() == 4 && q.size(3) == D, "q must be [B, Hq, Lq, ", oscar::num(D), "]");
   const auto dt = q.scalar_type();
@@ -56,7 +56,10 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
   TORCH_CHECK(group * lq <= 16, "group * Lq = ", oscar::num(group * lq), " exceeds the 16 rows of one tile");
   TORCH_CHECK(tokens % 32 == 0 && split_tokens % 32 == 0, "tokens and split_tokens must be multiples of 32");
   TORCH_CHECK(num_splits + 1 <= oscar::kMaxSplits, "too many splits: ", oscar::num(num_splits));
-  TORCH_CHECK(counters.numel() >= b * hkv, "counters must hold a zeroed int32 per (batch, kv head)");
+  TORCH_CHECK(merge_group >= 0, "merge_group must be >= 0");
+  const int64_t groups = merge_group > 0 && window_cta ? (num_splits + merge_group - 1) / merge_group : 0;
+  TORCH_CHECK(counters.numel() >= b * hkv * (1 + groups),
+              "counters must hold a zeroed int32 per (batch, kv head), and per (batch, kv head, merge group)");
   const c10::cuda::CUDAGuard guard(q.device());
   auto f32 = q.options().dtype(torch::kFloat32);
   auto part_o = torch::empty({b * hkv, num_splits + 1, group * lq, D}, f32);
@@ -71,7 +74,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                         counters.data_ptr<int32_t>(), out.data_ptr(), static_cast<int>(hkv), static_cast<int>(group), static_cast<int>(lq),
                         static_cast<int>(tokens), static_cast<int>(num_splits), static_cast<int>(split_tokens),
                         static_cast<float>(scaling * 1.4426950408889634), rotate, rotate_out, window_cta,
-                        static_cast<int>(order), nullptr};
+                        static_cast<int>(order), static_cast<int>(merge_group), nullptr};
   if (trace.numel() > 0) {  // diagnostics: per CTA kTraceSlots u64 (quant/kernels/sweep_splits.py)
     TORCH_CHECK(trace.scalar_type() == torch::kInt64 && trace.is_cuda() && trace.is_contiguous() &&
                     trace.numel() >= (num_splits + 1) * b * hkv * oscar::kTraceSlots,

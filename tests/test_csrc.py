@@ -2,6 +2,7 @@
 float64 oracle (decode: within 2x the error of a bf16 torch implementation) and the reference packer."""
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 
@@ -140,6 +141,35 @@ def test_cuda_decode_merges_many_splits_of_many_rows(d, group, lq):
     ref = attention_f64(q, kv, d**-0.5, kv_lens, res_lens)
     err, budget = relative_error(out, ref), relative_error(attention_bf16(q, kv, d**-0.5, kv_lens, res_lens), ref)
     assert err <= 2 * budget, f"kernel error {err:.2e} > 2 x bf16 error {budget:.2e}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("d,group,merge_group", [(128, 8, 8), (64, 4, 5), (128, 1, 3)])
+def test_cuda_decode_two_level_merge(d, group, merge_group):
+    # 21 splits in groups of merge_group (the last group shorter): each group's last CTA merges the group into its first
+    # slot, then the row's last CTA merges the groups and the window. The second sequence's late splits are empty.
+    kv = random_packed_kv(2, 2, 1344, 50, d, seed=d + group, device="cuda", rotate_values=group != 4)
+    kv_lens, res_lens = [1344, 700], [50, 3]
+    q = torch.randn(2, 2 * group, 1, d, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).cuda()
+    run = functools.partial(kcuda.decode_attention, q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens,
+                            split_tokens=64, window_cta=True)
+    two, one = run(merge_group=merge_group), run(merge_group=0)
+    assert torch.equal(two, run(merge_group=merge_group))  # the group counters were reset for the next call
+    ref = attention_f64(q.cpu(), kv, d**-0.5, kv_lens, res_lens)
+    budget = relative_error(attention_bf16(q.cpu(), kv, d**-0.5, kv_lens, res_lens), ref)
+    assert relative_error(two, ref) <= 2 * budget
+    # the same sums in another order: within a bf16 rounding of the one-level merge
+    assert (two.float() - one.float()).abs().max() <= 2**-7 * one.float().abs().max()
+
+
+def test_merge_plan_uses_two_levels_past_two_rounds():
+    # One merging CTA takes 8 partials per round per row-sharing part (128 threads, 8 channels each): Qwen3 1 x 128K
+    # (32 splits, 4 rows, 2 parts) stays one level; the Omni thinker's 64 splits of 8 rows (8 rounds, run 100) go two.
+    assert kcuda.merge_plan(32, 4, 128, True) == 0
+    assert kcuda.merge_plan(64, 8, 128, True) == 8
+    assert kcuda.merge_plan(64, 8, 128, False) == 0  # needs the window's own CTA
+    assert kcuda.merge_plan(11, 1, 128, True) == 0  # llava: 64 partials a round
+    assert kcuda.merge_plan(40, 16, 64, True) == 8 and kcuda.merge_plan(16, 16, 64, True) == 0
 
 
 @needs_gpu
@@ -316,6 +346,24 @@ def test_trace_summary_phases():
     assert s["merge_loads_us"] == [3.0] * 4  # of the merge's 6 us, 3 to load and sum the splits' partials
     assert s["tail_us"] == 16.75  # the last split's partial at 5.12 us, the merge done at 21.87
     assert s["cta_end_us"][-1] == 15.87
+    assert s["group_merge_us"] == []
+
+
+def test_trace_summary_two_level_merge():
+    # A group's last CTA stamps 6 when its group is merged and counted; the row's merge is timed from there.
+    from quant.kernels.sweep_splits import summarize_trace
+
+    base = 1_000_000
+    rows = [  # start, query ready, loop done, partial counted, merge done, merge's loads summed, group merged, SM
+        [base, base + 500, base + 2500, base + 3000, 0, 0, 0, 1],
+        [base, base + 500, base + 2600, base + 3100, 0, 0, base + 4100, 2],  # merges its group
+        [base, base + 500, base + 2700, base + 3200, base + 6200, base + 5200, base + 4200, 3],  # and the row
+        [base, 0, 0, base + 2000, 0, 0, 0, 4],  # the window's CTA
+    ]
+    s = summarize_trace(torch.tensor(rows, dtype=torch.int64))
+    assert s["group_merge_us"] == [1.0, 1.0, 1.0, 1.0]
+    assert s["merge_us"] == [2.0] * 4 and s["merge_loads_us"] == [1.0] * 4
+    assert s["end_us"] == 6.2 and s["tail_us"] == 3.0
 
 
 def test_e2e_profile_groups_kernels_by_kind():

@@ -24,40 +24,42 @@ __device__ __forceinline__ WindowPart load_window_part(const DecodeParams& p, in
   return x;
 }
 
-// Last CTA of (b, kv head): out = (fwht(O_q) / sqrt(D) + w_r o_r) / L over the quantized splits' partials (rotated
-// basis; O_q as it is when the model's weights carry V's rotation, !rotate_out) and the window's (the model's basis),
-// each weighted 2^(m_s - M). A thread takes 8 channels of a row
-// (16-byte loads); with few rows, `parts` threads share a row item's splits. Each thread merges its splits online
-// in chunks of kChunk whose loads (m, l, 8 channels of o) are all in flight together, so a merge costs
-// splits / (parts kChunk) rounds of L2 latency; the parts are combined through shared memory, the window partial
-// (loaded before the rounds) joins there, and the rotation back runs in registers (fwht_lanes).
-template <int D, int NT, typename T>
-__device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, NT>& sm) {
+// Groups of a two-level merge: ceil(num_splits / merge_group) with merge_group > 0 and the window in its own CTA, else
+// 0 (one level: the last CTA merges every partial).
+__device__ __forceinline__ int merge_groups(const DecodeParams& p) {
+  return p.merge_group > 0 && p.window_cta ? (p.num_splits + p.merge_group - 1) / p.merge_group : 0;
+}
+
+// Phase 1 of a merge: the partials in slots first + i * stride (i < count) merged online into `parts` per-row
+// results in shared memory (unnormalized o, m, l). A thread takes 8 channels of a row (16-byte loads); with few rows,
+// `parts` threads share a row item's slots. Each thread merges its slots online in chunks of kChunk whose loads (m, l,
+// 8 channels of o) are all in flight together, so a merge costs count / (parts kChunk) rounds of L2 latency.
+template <int D, int NT>
+__device__ int merge_slots(const DecodeParams& p, int64_t base, int first, int count, int stride,
+                           DecodeSmem<D, NT>& sm) {
   constexpr int kPerRow = D / 8, kSlots = kThreads / kPerRow, kChunk = 8;  // threads per row, rows per pass
-  const int rows = p.group * p.lq, quant = p.num_splits;
-  const int64_t base = bh * (p.num_splits + 1);
+  const int rows = p.group * p.lq;
   const float* ml = p.part_ml;
   float* part_o = &sm.acc[0][0][0];  // [parts][rows][D]
   float* part_m = &sm.m[0][0];       // [parts][rows]
   float* part_l = &sm.l[0][0];
   const int chunk = threadIdx.x % kPerRow, slot = threadIdx.x / kPerRow;
   const int parts = rows >= kSlots ? 1 : kSlots / rows, per_pass = kSlots / parts, part_id = slot / per_pass;
-  WindowPart win = {};
-  if (slot < rows) win = load_window_part<D>(p, base, rows, slot, chunk);  // the first pass of the final loop
   for (int r = slot % per_pass; r < rows && part_id < parts; r += per_pass) {
     float m = kNegInit, l = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int s0 = part_id; s0 < quant; s0 += kChunk * parts) {
+    for (int i0 = part_id; i0 < count; i0 += kChunk * parts) {
       float ms[kChunk], ls[kChunk];
       float4 x0[kChunk], x1[kChunk];
 #pragma unroll
       for (int k = 0; k < kChunk; ++k) {
-        const int s = s0 + k * parts;
+        const int i = i0 + k * parts;
+        const int64_t s = base + first + static_cast<int64_t>(i) * stride;
         ms[k] = kNegInit, ls[k] = 0.f;
         x0[k] = x1[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (s < quant) {
-          ms[k] = __ldcg(ml + (base + s) * 2 * rows + r);
-          ls[k] = __ldcg(ml + ((base + s) * 2 + 1) * rows + r);
-          const float4* src = reinterpret_cast<const float4*>(p.part_o + ((base + s) * rows + r) * D) + 2 * chunk;
+        if (i < count) {
+          ms[k] = __ldcg(ml + s * 2 * rows + r);
+          ls[k] = __ldcg(ml + (s * 2 + 1) * rows + r);
+          const float4* src = reinterpret_cast<const float4*>(p.part_o + (s * rows + r) * D) + 2 * chunk;
           x0[k] = __ldcg(src), x1[k] = __ldcg(src + 1);
         }
       }
@@ -82,6 +84,65 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
     dst[1] = make_float4(o[4], o[5], o[6], o[7]);
     if (chunk == 0) part_m[part_id * rows + r] = m, part_l[part_id * rows + r] = l;
   }
+  return parts;
+}
+
+// One row's phase-1 results for a thread's 8 channels: (max, l, o) of the `parts` shared-memory parts, each
+// weighted 2^(m_k - max) (max starting from `big`).
+template <int D, int NT>
+__device__ __forceinline__ float sum_parts(const DecodeSmem<D, NT>& sm, int parts, int rows, int r, int chunk,
+                                           float big, float& l, float (&x)[8]) {
+  const float* part_o = &sm.acc[0][0][0];
+  const float* part_m = &sm.m[0][0];
+  const float* part_l = &sm.l[0][0];
+  for (int k = 0; k < parts; ++k) big = fmaxf(big, part_m[k * rows + r]);
+#pragma unroll 1
+  for (int k = 0; k < parts; ++k) {
+    const float e = exp2f(part_m[k * rows + r] - big);
+    const float4* src = reinterpret_cast<const float4*>(part_o + (k * rows + r) * D) + 2 * chunk;
+    const float4 x0 = src[0], x1 = src[1];
+    l += e * part_l[k * rows + r];
+    x[0] += e * x0.x, x[1] += e * x0.y, x[2] += e * x0.z, x[3] += e * x0.w;
+    x[4] += e * x1.x, x[5] += e * x1.y, x[6] += e * x1.z, x[7] += e * x1.w;
+  }
+  return big;
+}
+
+// The first level of a two-level merge (p.merge_group > 0): the last CTA of a group of merge_group quantized splits
+// merges the group's partials into the group's first slot (the same format: unnormalized o in the rotated basis, m, l).
+template <int D, int NT>
+__device__ void combine_group(const DecodeParams& p, int64_t bh, int first, int count, DecodeSmem<D, NT>& sm) {
+  constexpr int kPerRow = D / 8, kSlots = kThreads / kPerRow;
+  const int rows = p.group * p.lq;
+  const int64_t base = bh * (p.num_splits + 1), s = base + first;
+  const int parts = merge_slots<D, NT>(p, base, first, count, 1, sm);
+  __syncthreads();
+  const int chunk = threadIdx.x % kPerRow, slot = threadIdx.x / kPerRow;
+  for (int r = slot; r < rows; r += kSlots) {
+    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, l = 0.f;
+    const float big = sum_parts<D, NT>(sm, parts, rows, r, chunk, kNegInit, l, x);
+    float4* dst = reinterpret_cast<float4*>(p.part_o + (s * rows + r) * D) + 2 * chunk;
+    __stcg(dst, make_float4(x[0], x[1], x[2], x[3]));
+    __stcg(dst + 1, make_float4(x[4], x[5], x[6], x[7]));
+    if (chunk == 0) __stcg(p.part_ml + s * 2 * rows + r, big), __stcg(p.part_ml + (s * 2 + 1) * rows + r, l);
+  }
+}
+
+// Last CTA of (b, kv head): out = (fwht(O_q) / sqrt(D) + w_r o_r) / L over the quantized splits' partials (rotated
+// basis; O_q as it is when the model's weights carry V's rotation, !rotate_out) and the window's (the model's basis),
+// each weighted 2^(m_s - M). Phase 1 (merge_slots) over the quantized slots, or over the groups' first slots after a
+// two-level merge's first level; then the parts are combined through shared memory, the window partial (loaded before
+// phase 1) joins there, and the rotation back runs in registers (fwht_lanes).
+template <int D, int NT, typename T>
+__device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, NT>& sm) {
+  constexpr int kPerRow = D / 8, kSlots = kThreads / kPerRow;
+  const int rows = p.group * p.lq, quant = p.num_splits;
+  const int64_t base = bh * (p.num_splits + 1);
+  const int chunk = threadIdx.x % kPerRow, slot = threadIdx.x / kPerRow;
+  WindowPart win = {};
+  if (slot < rows) win = load_window_part<D>(p, base, rows, slot, chunk);  // the first pass of the final loop
+  const int stride = merge_groups(p) > 0 ? p.merge_group : 1;
+  const int parts = merge_slots<D, NT>(p, base, 0, (quant + stride - 1) / stride, stride, sm);
   trace_stamp(p, 5);
   __syncthreads();
   const float inv = p.rotate_out ? rsqrtf(static_cast<float>(D)) : 1.f;
@@ -91,17 +152,7 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
     float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, big = win.m, l = 0.f;
     if (r < rows) {
       if (r0 > 0) win = load_window_part<D>(p, base, rows, r, chunk);
-      big = win.m;
-      for (int k = 0; k < parts; ++k) big = fmaxf(big, part_m[k * rows + r]);
-#pragma unroll 1
-      for (int k = 0; k < parts; ++k) {
-        const float e = exp2f(part_m[k * rows + r] - big);
-        const float4* src = reinterpret_cast<const float4*>(part_o + (k * rows + r) * D) + 2 * chunk;
-        const float4 x0 = src[0], x1 = src[1];
-        l += e * part_l[k * rows + r];
-        x[0] += e * x0.x, x[1] += e * x0.y, x[2] += e * x0.z, x[3] += e * x0.w;
-        x[4] += e * x1.x, x[5] += e * x1.y, x[6] += e * x1.z, x[7] += e * x1.w;
-      }
+      big = sum_parts<D, NT>(sm, parts, rows, r, chunk, win.m, l, x);
     }
     if (p.rotate_out) fwht_lanes<D>(x);
     if (r < rows) {
@@ -182,12 +233,33 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   }
   // The barrier orders every thread's partial before thread 0's arrival, an acq_rel atomic: it releases them to the
   // last CTA and, in that one, acquires the other CTAs' (the pattern of CUTLASS's GenericBarrier; a sequentially
-  // consistent fence in every thread, as before, measured 0.3-1.3 us slower, run 34).
+  // consistent fence in every thread, as before, measured 0.3-1.3 us slower, run 34). A two-level merge (merge_group
+  // > 0, the window in its own CTA): a quantized split arrives at its group's counter; the group's last CTA merges the
+  // group (combine_group) and arrives, for the group, at the row's counter, where the window's CTA arrives too.
+  const int groups = merge_groups(p);
+  const bool grouped = groups > 0 && !window;
+  const int g = grouped ? split / p.merge_group : 0;
+  const int g_count = grouped ? min(p.merge_group, p.num_splits - g * p.merge_group) : 0;
+  int32_t* g_counter = p.counters + gridDim.y + bh * groups + g;
+  const int expected = groups > 0 ? groups + 1 : p.num_splits + 1;
   __syncthreads();
-  if (threadIdx.x == 0) sm.last = atomic_add_acq_rel(p.counters + bh, arrivals) + arrivals == p.num_splits + 1;
+  if (threadIdx.x == 0)
+    sm.last = grouped ? atomic_add_acq_rel(g_counter, 1) + 1 == g_count
+                      : atomic_add_acq_rel(p.counters + bh, arrivals) + arrivals == expected;
   __syncthreads();
   trace_stamp(p, 3);
   if (!sm.last) return;
+  if (grouped) {
+    combine_group<D, NT>(p, bh, g * p.merge_group, g_count, sm);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      *g_counter = 0;  // ready for the next call
+      sm.last = atomic_add_acq_rel(p.counters + bh, 1) + 1 == expected;
+    }
+    __syncthreads();
+    trace_stamp(p, 6);
+    if (!sm.last) return;
+  }
   combine_splits<D, NT, T>(p, bh, sm);
   if (threadIdx.x == 0) p.counters[bh] = 0;  // ready for the next call
   trace_stamp(p, 4);

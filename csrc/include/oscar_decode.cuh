@@ -47,7 +47,9 @@ struct DecodeParams {
   int order;         // which CTA of the grid does which (split, row) (cta_work): 0 row by row; 1 each row's special
                      // CTA (the window's own, or the last split carrying the folded window) first, for all rows, then
                      // the others row by row; any other value: the special CTAs last
-  unsigned long long* trace;  // diagnostics, usually null: per CTA [6] %globaltimer stamps + SM id (kTraceSlots)
+  int merge_group;   // > 0 (with window_cta): a two-level merge, the last CTA of each group of merge_group quantized
+                     // splits merges the group first (oscar_combine.cuh); counters then holds B * Hkv * (1 + groups)
+  unsigned long long* trace;  // diagnostics, usually null: per CTA [7] %globaltimer stamps + SM id (kTraceSlots)
 };
 
 constexpr int kTraceSlots = 8;

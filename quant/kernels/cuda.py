@@ -201,7 +201,7 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None,
                      split_tokens: int | None = None, min_blocks: int = 3, waves: float | None = None,
                      trace: torch.Tensor | None = None, window_cta: bool | None = None,
-                     order: int | None = None) -> torch.Tensor:
+                     order: int | None = None, merge_group: int | None = None) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
     Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
@@ -212,7 +212,8 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     scheduled first (default: when one wave holds it beside >= 8 splits per row, see `separate_window`), else
     it is folded into the last split's CTA. trace (diagnostics): an int64 CUDA tensor of
     (splits + 1) * B * Hkv * 8 that receives per-CTA %globaltimer stamps (quant/kernels/sweep_splits.py).
-    order: which CTAs the block scheduler starts first (`cta_order`; default: the planner's).
+    order: which CTAs the block scheduler starts first (`cta_order`; default: the planner's). merge_group: 0 merges the
+    splits in one level, G > 0 in two (groups of G splits first; needs window_cta); default `merge_plan`'s choice.
     """
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
         raise ValueError("the CUDA kernels rotate with the Sylvester Hadamard; this cache uses another "
@@ -242,14 +243,19 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     elif order not in (ORDER_ROWS, ORDER_SPECIAL_FIRST, ORDER_SPECIAL_LAST):
         raise ValueError(f"order must be {ORDER_ROWS} (row by row), {ORDER_SPECIAL_FIRST} (each row's window or "
                          f"window-carrying CTA first) or {ORDER_SPECIAL_LAST} (those last), got {order!r}")
+    if merge_group is None:
+        merge_group = merge_plan(splits, x.group * x.lq, x.head_dim, window_cta)
+    elif merge_group < 0:
+        raise ValueError(f"merge_group must be >= 0, got {merge_group}")
+    groups = -(-splits // merge_group) if merge_group and window_cta else 0
     mod = load(x.head_dim, min_blocks=min_blocks)
     if not all(_aligned(r) for r in (x.k_res, x.v_res)):  # the kernel reads the window with 16-byte loads
         x.k_res, x.v_res = x.k_res.contiguous(), x.v_res.contiguous()
     if x.q.data_ptr() % 16:  # and the query with 16-byte loads
         x.q = x.q.clone()
     out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                     _counters(query.device, rows), x.tokens, splits, split_tokens, float(scaling),
-                     kv.hadamard is not None, kv.rotate_out, window_cta, order,
+                     _counters(query.device, rows * (1 + groups)), x.tokens, splits, split_tokens, float(scaling),
+                     kv.hadamard is not None, kv.rotate_out, window_cta, order, merge_group,
                      _NO_TRACE[query.device] if trace is None else trace)
     return out.to(query.dtype)
 
@@ -292,12 +298,15 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
 
 def launch_plan(query: torch.Tensor, kv: PackedKV, min_blocks: int = 3) -> dict:
     """The decode's planned launch for these inputs, as `decode_attention` makes it: splits, their tokens, the
-    window's placement, the CTA order and the grid's CTAs (recorded per point by `oscar-eval bench`)."""
+    window's placement, the CTA order, the merge's groups and the grid's CTAs (recorded per point by `oscar-eval
+    bench`)."""
     x = prepare_decode(query, kv, rotate_query=False, order="frag")
     rows, slots = x.batch * x.kv_heads, num_sms(query.device) * min_blocks
     split, splits, window_cta = decode_plan(x.tokens, rows, num_sms(query.device), min_blocks, x.residual)
     return {"splits": splits, "split_tokens": split, "window_cta": window_cta,
-            "order": cta_order(rows, splits, window_cta, slots), "ctas": (splits + window_cta if splits else 1) * rows}
+            "order": cta_order(rows, splits, window_cta, slots),
+            "merge_group": merge_plan(splits, x.group * x.lq, x.head_dim, window_cta),
+            "ctas": (splits + window_cta if splits else 1) * rows}
 
 
 def waves_with_window(tokens: int, rows: int, slots: int, most: int = 8) -> tuple[int, int]:
@@ -434,6 +443,18 @@ def separate_window(rows: int, slots: int) -> bool:
     return rows * 9 <= slots
 
 
+def merge_plan(splits: int, rows: int, head_dim: int, window_cta: bool) -> int:
+    """merge_group of the decode launch: 0 (the last CTA of a row merges every partial) or G (two levels: the last CTA
+    of each group of G quantized splits merges the group, then the row's last CTA merges the groups and the window).
+    rows = (Hq / Hkv) * Lq query rows per KV head. A merging thread keeps 8 partials' loads in flight and
+    128 / (head_dim / 8) rows' threads share the work, so one CTA merges per round of L2 latency
+    G = 8 * max(1, threads_per_pass / rows) partials; two levels are used where one would take more than two such
+    rounds (the Qwen3-Omni thinker at 1 x 128K: 64 splits of 8 rows, 8 rounds, the merge 8-11 us, run 100), and need
+    the window in its own CTA."""
+    per_round = 8 * max(1, (128 // (head_dim // 8)) // max(rows, 1))
+    return per_round if window_cta and splits > 2 * per_round else 0
+
+
 def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:3])
 
@@ -451,7 +472,7 @@ _NO_TRACE = _EmptyPerDevice()
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Per-(b, kv head) arrival counters of the split merge, n = B Hkv; the kernel returns each to 0 itself (zeroed
+    """Arrival counters of the split merge, n = B Hkv (1 + merge groups per row); the kernel returns each to 0 itself (zeroed
     once, a decode step is one launch, graph-capturable). One buffer per device: decode calls on one device must not
     run concurrently on different streams."""
     buf = _COUNTERS.get(device)

@@ -55,10 +55,11 @@ def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
 
 
 def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | None = None,
-              balance: bool = False, order: int | None = None) -> dict:
+              balance: bool = False, order: int | None = None, merge_group: int | None = None) -> dict:
     """window: the window's own CTA (True), folded into the last split's (False), or the planner's choice;
     balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally;
-    order: the CTAs' launch order (cuda.cta_order; None: the planner's)."""
+    order: the CTAs' launch order (cuda.cta_order; None: the planner's); merge_group: the merge's groups
+    (cuda.merge_plan; None: the planner's)."""
     import triton.testing
 
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
@@ -75,14 +76,16 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
             split_tokens = max(32, -(-x.tokens // (splits * 32)) * 32)
             splits = -(-x.tokens // split_tokens)
     mod = cuda.load(x.head_dim, min_blocks=min_blocks)
-    counters = cuda._counters(q.device, rows)
     if order is None:
         order = cuda.cta_order(rows, splits, window, slots)
+    if merge_group is None:
+        merge_group = cuda.merge_plan(splits, x.group * x.lq, x.head_dim, window)
+    counters = cuda._counters(q.device, rows * (1 + (-(-splits // merge_group) if merge_group and window else 0)))
 
     def fn():
         return mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
                           counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, kv.rotate_out, window,
-                          order, cuda._NO_TRACE[q.device])
+                          order, merge_group, cuda._NO_TRACE[q.device])
 
     one, many = graph_of(fn, 1), graph_of(fn, 20)
     flushed = 1e3 * triton.testing.do_bench(one.replay, warmup=25, rep=200, return_mode="median")
@@ -97,11 +100,12 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     torch.cuda.synchronize()
     warm = 1e3 * start.elapsed_time(end) / 200
     ctas = (splits + 1 if window else max(splits, 1)) * rows
-    return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "order": order, "ctas": ctas,
+    return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "order": order,
+            "merge_group": merge_group, "ctas": ctas,
             "flushed_us": flushed, "clean_us": clean, "warm_us": warm}
 
 
-def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None) -> dict:
+def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None, merge_group: int | None = None) -> dict:
     """One planned launch with per-CTA stamps; returns the phase summary (us) and the raw stamps."""
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
     rows = x.batch * x.kv_heads
@@ -113,7 +117,8 @@ def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None) -> dict:
     trace = torch.zeros((splits + 1) * rows * 8, dtype=torch.int64, device=q.device)
     for _ in range(3):  # warm, then the traced launch is the last
         trace.zero_()
-        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, min_blocks=min_blocks, order=order)
+        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, min_blocks=min_blocks, order=order,
+                              merge_group=merge_group)
     torch.cuda.synchronize()
     stamps = trace[:ctas * 8].view(ctas, 8).cpu()
     return {"ctas": ctas, "splits": splits, "window_cta": window, "order": order, **summarize_trace(stamps),
@@ -122,8 +127,9 @@ def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None) -> dict:
 
 def summarize_trace(stamps: torch.Tensor) -> dict:
     """Phase summary of per-CTA stamps [CTAs, 8] (the kernel's trace_stamp: 0 start, 1 query ready, 2 main
-    loop done, 3 partial written and counted (a window CTA: its window partial written), 5 the merge's partials
-    loaded and summed, 4 merge done, 7 SM id; 0 = not reached). Each phase as [min, median, p90, max] in us, times
+    loop done, 3 partial written and counted (a window CTA: its window partial written), 6 the last CTA of a two-level
+    merge's group: its group merged and counted, 5 the merge's partials loaded and summed, 4 merge done, 7 SM id;
+    0 = not reached). Each phase as [min, median, p90, max] in us, times
     from the first CTA's start. CTAs without a quantized split (a separate window CTA) report their window under
     window_us; tail_us: from the last split's partial to the end of the last merge."""
     t = stamps.double()
@@ -135,13 +141,14 @@ def summarize_trace(stamps: torch.Tensor) -> dict:
         v = v.sort().values
         return [round(float(v[int(f * (len(v) - 1))]), 2) for f in (0.0, 0.5, 0.9, 1.0)] if len(v) else []
 
-    ends = torch.where(merged, rel[:, 4], rel[:, 3])
+    ends = torch.where(merged, rel[:, 4], torch.where(t[:, 6] > 0, (t[:, 6] - t0) / 1e3, rel[:, 3]))
     return {"sms_used": int(t[:, 7].unique().numel()), "start_us": pct(rel[:, 0]),
             "query_us": pct((rel[:, 1] - rel[:, 0])[quant]), "loop_us": pct((rel[:, 2] - rel[:, 1])[quant]),
             "partial_us": pct((rel[:, 3] - rel[:, 2])[quant]),
             "window_us": pct((rel[:, 3] - rel[:, 0])[~quant]), "cta_end_us": pct(rel[:, 3]),
-            "merge_us": pct((rel[:, 4] - rel[:, 3])[merged]),
-            "merge_loads_us": pct(((t[:, 5] - t[:, 3]) / 1e3)[merged & (t[:, 5] > 0)]),
+            "merge_us": pct((rel[:, 4] - torch.maximum(rel[:, 3], (t[:, 6] - t0) / 1e3))[merged]),
+            "merge_loads_us": pct(((t[:, 5] - torch.maximum(t[:, 3], t[:, 6])) / 1e3)[merged & (t[:, 5] > 0)]),
+            "group_merge_us": pct(((t[:, 6] - t[:, 3]) / 1e3)[t[:, 6] > 0]),
             "tail_us": round(float(ends.max() - rel[:, 3][quant].max()), 2) if bool(quant.any()) else None,
             "end_us": round(float(ends.max()), 2)}
 
@@ -160,11 +167,15 @@ def main() -> None:
     p.add_argument("--orders", default="plan",
                    help="CTA launch orders to time each plan in, comma-separated: plan (cuda.cta_order's choice), "
                         "0 (row by row), 1 (each row's window or window-carrying CTA first), 2 (those last)")
+    p.add_argument("--merge-groups", default="plan",
+                   help="merge groups to time each plan with, comma-separated: plan (cuda.merge_plan's choice), 0 (one "
+                        "level), G (two levels, groups of G splits; with the window's own CTA)")
     p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     window = {"auto": None, "cta": True, "folded": False}[a.window]
     orders = [None if o == "plan" else int(o) for o in a.orders.split(",")]
+    merges = [None if m == "plan" else int(m) for m in a.merge_groups.split(",")]
     rows = []
     for point in a.points.split(","):
         b, ctx = (int(v) for v in point.lower().split("x"))
@@ -173,19 +184,23 @@ def main() -> None:
             if s is not None and s * 128 > ctx * 2:
                 continue
             for order in orders:
-                r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
-                     **time_plan(q, kv, s, a.min_blocks, window, a.balance, order)}
-                rows.append(r)
-                print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, {r['ctas']:>5} "
-                      f"CTAs, order {r['order']}){' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us"
-                      f"  clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
+                for merge in merges:
+                    r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
+                         **time_plan(q, kv, s, a.min_blocks, window, a.balance, order, merge)}
+                    rows.append(r)
+                    print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, "
+                          f"{r['ctas']:>5} CTAs, order {r['order']}, merge groups {r['merge_group']})"
+                          f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us"
+                          f"  clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
         if a.trace:
-            tr = trace_plan(q, kv, a.min_blocks, None if orders == [None] else orders[-1])
-            rows.append({"shape": a.shape, "batch": b, "context": ctx, "trace": tr})
-            print(f"  trace {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, min/median/p90/max): start {tr['start_us']} "
-                  f"query {tr['query_us']} loop {tr['loop_us']} partial {tr['partial_us']} window {tr['window_us']} "
-                  f"cta end {tr['cta_end_us']} merge {tr['merge_us']} (loads {tr['merge_loads_us']}) tail {tr['tail_us']} "
-                  f"last end {tr['end_us']:.2f}", flush=True)
+            for merge in merges:
+                tr = trace_plan(q, kv, a.min_blocks, None if orders == [None] else orders[-1], merge)
+                rows.append({"shape": a.shape, "batch": b, "context": ctx, "merge_group": merge, "trace": tr})
+                print(f"  trace (merge groups {merge}) {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, "
+                      f"min/median/p90/max): start {tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} "
+                      f"partial {tr['partial_us']} window {tr['window_us']} cta end {tr['cta_end_us']} "
+                      f"group merge {tr['group_merge_us']} merge {tr['merge_us']} (loads {tr['merge_loads_us']}) "
+                      f"tail {tr['tail_us']} last end {tr['end_us']:.2f}", flush=True)
         del q, kv
         torch.cuda.empty_cache()
     if a.out:
