@@ -74,6 +74,14 @@ def test_decode_launch_tuning_keeps_the_result():
         assert relative_error(out, ref) <= 2 * budget, opts
 
 
+@pytest.mark.parametrize("rotate_values", [True, False])
+def test_decode_merges_more_splits_than_one_chunk(rotate_values):
+    # The combine takes 64 splits' partials per round (one program per query row): 70 splits of 32 tokens need two
+    # rounds, the second short; the shorter second sequence leaves its late splits empty.
+    kv = make_cache(2, 1, 2240, 6, 64, seed=61, rotate_values=rotate_values)
+    check_decode(kv, 4, 1, kv_lens=[2240 - 5, 900], res_lens=[6, 2], seed=62, split_tokens=32)
+
+
 def test_plan_splits_one_wave_where_rows_are_few():
     # Run 95 (H100, 132 SMs, 2 programs each): Qwen3 1 x 128K, 8 rows, ran 168 us with 32 splits (8 x 33 programs:
     # exactly one wave with the window's) against 220 us for the 3-wave rule's 49. Batched points keep that rule.
