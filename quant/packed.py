@@ -14,6 +14,10 @@ place but permutes the block's 32 x D codes (and, for values, stores the block's
 [D / 32][32] instead of [32][D / 32]) so that lane L of a warp reads its tensor-core fragments with
 16-byte loads: see `frag_slots` and csrc/include/oscar_layout.cuh (the same map, on the device).
 `unpacked()` / `dequantize()` / `natural_scales()` undo it, so QTensor semantics do not change.
+"tl" (what the Triton decode reads) likewise keeps every tensor's shape and every 128-token block in place and
+permutes inside each block, so that each thread of the Triton kernel's wgmma tiles finds its codes and scales
+contiguous (keys token-major, values channel-major, tile rows permuted so that a warp's rows are one group): see
+`tl_maps`. It needs INT2 in groups of 32 and a multiple of 128 tokens.
 Variable token groups (OScaR's modality-aligned option): `starts` int64 [n_groups] holds each group's
 first token; scale/zero then have n_groups rows on the token axis. Codes are laid out as above.
 """
@@ -36,7 +40,7 @@ class QTensor:
     group: int
     axis: int  # -2: groups along tokens (per-channel); -1: groups along channels (per-token)
     starts: torch.Tensor | None = None  # variable token groups (axis -2 only), see module docstring
-    order: str = "natural"  # "natural" | "frag" (see module docstring)
+    order: str = "natural"  # "natural" | "frag" | "tl" (see module docstring)
 
     @property
     def num_tokens(self) -> int:
@@ -55,29 +59,41 @@ class QTensor:
         """uint8 codes [B, H, T, D]."""
         if self.order == "frag":
             return frag_unpack(self.codes, self.axis)
+        if self.order == "tl":
+            return tl_unpack(self.codes, self.axis)
         return unpack_codes(self.codes, self.bits, self.axis)
 
     def natural_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """scale, zero in the natural layout (the frag order transposes value scales inside each block)."""
+        """scale, zero in the natural layout (the frag order transposes value scales inside each block, the tl order
+        permutes both kinds)."""
         if self.order == "frag" and self.axis == -1:
             return frag_scales(self.scale, inverse=True), frag_scales(self.zero, inverse=True)
+        if self.order == "tl":
+            return tl_scales(self.scale, self.axis, inverse=True), tl_scales(self.zero, self.axis, inverse=True)
         return self.scale, self.zero
 
     def to_order(self, order: str) -> "QTensor":
-        """The same codes in `order` ("natural" or "frag"; "frag" needs INT2 in fixed groups of 32)."""
+        """The same codes in `order` ("natural", "frag" or "tl"; "frag" and "tl" need INT2 in fixed groups of 32, "tl"
+        a multiple of 128 tokens)."""
         if order == self.order:
             return self
-        if order not in ("natural", "frag"):
-            raise ValueError(f"order must be 'natural' or 'frag', got {order!r}")
-        if order == "frag" and (self.bits != 2 or self.group != 32 or self.starts is not None):
-            raise ValueError("the frag code order needs INT2 codes in fixed groups of 32 "
+        if order not in ("natural", "frag", "tl"):
+            raise ValueError(f"order must be 'natural', 'frag' or 'tl', got {order!r}")
+        if order != "natural" and (self.bits != 2 or self.group != 32 or self.starts is not None):
+            raise ValueError(f"the {order} code order needs INT2 codes in fixed groups of 32 "
                              f"(got {self.bits} bits, group {self.group}, variable groups: {self.starts is not None})")
+        if order == "tl" and self.num_tokens % TL_BLOCK:
+            raise ValueError(f"the tl code order lays out whole {TL_BLOCK}-token blocks, got {self.num_tokens} tokens: "
+                             "pad them first (pad_tokens)")
         codes = self.unpacked()
         scale, zero = self.natural_scales()
         if order == "frag":
             new = frag_pack(codes, self.axis)
             if self.axis == -1:
                 scale, zero = frag_scales(scale), frag_scales(zero)
+        elif order == "tl":
+            new = tl_pack(codes, self.axis)
+            scale, zero = tl_scales(scale, self.axis), tl_scales(zero, self.axis)
         else:
             new = pack_codes(codes, self.bits, self.axis)
         # contiguous, as a kernel reads them: converting once here keeps the copy out of every decode call (the bench
@@ -116,6 +132,26 @@ class QTensor:
             zero=torch.cat([self.zero, other.zero], -2),
             starts=starts,
         )
+
+    def pad_tokens(self, multiple: int) -> "QTensor":
+        """The tokens padded with zero codes, scales and zeros up to a multiple of `multiple` (natural order; fixed
+        groups dividing `multiple`). A kernel reads the padding as tokens of value 0, so the valid length must mask
+        them."""
+        t = self.num_tokens
+        tp = -(-t // multiple) * multiple
+        if tp == t:
+            return self
+        if self.starts is not None or multiple % self.group or multiple % (32 // self.bits):
+            raise ValueError(f"pad_tokens({multiple}) needs fixed groups dividing it, got group {self.group}")
+        q = self.to_order("natural")
+
+        def pad(x, n):
+            return torch.cat([x, x.new_zeros(*x.shape[:2], n, *x.shape[3:])], 2)
+
+        per = 32 // self.bits if self.axis == -2 else 1
+        return replace(q, codes=pad(q.codes, (tp - t) // per), scale=pad(q.scale, (tp - t) // self.group),
+                       zero=pad(q.zero, (tp - t) // self.group)) if self.axis == -2 else replace(
+            q, codes=pad(q.codes, tp - t), scale=pad(q.scale, tp - t), zero=pad(q.zero, tp - t))
 
     def map(self, fn) -> "QTensor":
         """Apply fn to every tensor (e.g. batch reordering)."""
@@ -300,3 +336,91 @@ def frag_scales(x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     if inverse:
         return x.reshape(b, h, t // 32, g, 32).transpose(-1, -2).reshape(b, h, t, g)
     return x.reshape(b, h, t // 32, 32, g).transpose(-1, -2).reshape(b, h, t, g)
+
+
+# ---- the "tl" code order (see the module docstring; what quant/kernels/triton_decode.py reads) -----------------------
+
+TL_BLOCK = 128
+
+
+def tl_row(r: torch.Tensor, mt: int) -> torch.Tensor:
+    """Position of row r of a 64 mt-row wgmma tile spread over 4 warps (warp w holds rows 16w..16w+15 of each
+    64-row tile): chosen so that the rows one warp holds are consecutive positions; with mt = 2, a warp's 32 rows are
+    one 32-token (or 32-channel) quantization group."""
+    return 16 * mt * ((r // 16) % 4) + 16 * (r // 64) + r % 16
+
+
+@functools.lru_cache(maxsize=8)
+def tl_maps(d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Index maps of the tl order (CPU int64), per 128-token block, with tau = tl_row(., 2) (score tile row -> token):
+    - key words: a token's D/16 words, word c (D/64) + h (c < 4) holding at bits 2 jj + 16 half the channel
+      2c + half + 8 jj + 64 h (lane c's 16 channels of a wgmma A-fragment row, each fp16 pair two adjacent channels):
+      kslot [D/16, 16], word slot 8 half + jj -> channel;
+    - key scales/zeros [T/32, D]: position (D/4) c + 2 kk + half holds channel 2c + half + 8 kk: kpos [D] -> channel;
+    - value words, per channel of the block: word 2c + hh holds at bits 2 jj + 16 half the token
+      tau(64 hh + 8 jj + 2c + half): vslot [8, 16] -> token;
+    - value scales/zeros, per block [D/32][128]: position 32 c + 2 kk + half holds token tau(2c + half + 8 kk):
+      vpos [128] -> token."""
+    tau = tl_row(torch.arange(TL_BLOCK), 2)
+    c = torch.arange(4)[:, None, None, None]
+    h = torch.arange(d // 64)[None, :, None, None]
+    half = torch.arange(2)[None, None, :, None]
+    jj = torch.arange(8)[None, None, None, :]
+    kslot = (2 * c + half + 8 * jj + 64 * h).reshape(d // 16, 16)
+    p = torch.arange(d)
+    kpos = 2 * (p // (d // 4)) + p % 2 + 8 * ((p % (d // 4)) // 2)
+    hh = torch.arange(2)[None, :, None, None]
+    vslot = tau[(64 * hh + 8 * jj + 2 * c + half).reshape(8, 16)]
+    p = torch.arange(TL_BLOCK)
+    vpos = tau[2 * (p // 32) + p % 2 + 8 * ((p % 32) // 2)]
+    return kslot, kpos, vslot, vpos
+
+
+def tl_pack(codes: torch.Tensor, axis: int) -> torch.Tensor:
+    """uint8 codes [B, H, T, D] (T % 128 == 0) -> int32 words in the tl order, shaped as pack_codes'."""
+    b, h, t, d = codes.shape
+    if t % TL_BLOCK or d % 64:
+        raise ValueError(f"the tl order packs whole {TL_BLOCK}-token blocks of head_dim 64 or 128, got {t} x {d}")
+    kslot, _, vslot, _ = (m.to(codes.device) for m in tl_maps(d))
+    if axis == -2:
+        words = pack_codes(codes[..., kslot.reshape(-1)].reshape(b, h, t, d // 16, 16), 2, -1)
+        return words.reshape(b, h, t // 16, d)
+    g = codes.reshape(b, h, t // TL_BLOCK, TL_BLOCK, d)[:, :, :, vslot.reshape(-1)]
+    g = g.reshape(b, h, t // TL_BLOCK, 8, 16, d).permute(0, 1, 2, 5, 3, 4)  # [B, H, blocks, D, word, slot]
+    return pack_codes(g, 2, -1).reshape(b, h, t, d // 16)
+
+
+def tl_unpack(words: torch.Tensor, axis: int) -> torch.Tensor:
+    """Inverse of tl_pack: int32 words -> uint8 codes [B, H, T, D]."""
+    b, h = words.shape[:2]
+    d = words.shape[-1] if axis == -2 else words.shape[-1] * 16
+    t = words.shape[2] * 16 if axis == -2 else words.shape[2]
+    kslot, _, vslot, _ = (m.to(words.device) for m in tl_maps(d))
+    if axis == -2:
+        slots = unpack_codes(words.reshape(b, h, t, d // 16, 1), 2, -1).reshape(b, h, t, d)
+        out = torch.empty_like(slots)
+        out[..., kslot.reshape(-1)] = slots
+        return out
+    slots = unpack_codes(words.reshape(b, h, t // TL_BLOCK, d, 8, 1), 2, -1)  # [B, H, blocks, D, word, slot]
+    slots = slots.reshape(b, h, t // TL_BLOCK, d, TL_BLOCK).transpose(-1, -2)
+    out = torch.empty_like(slots)
+    out[:, :, :, vslot.reshape(-1)] = slots
+    return out.reshape(b, h, t, d)
+
+
+def tl_scales(x: torch.Tensor, axis: int, inverse: bool = False) -> torch.Tensor:
+    """Scales/zeros in their natural layout (keys [B, H, T/32, D], values [B, H, T, D/32]) <-> the tl order's (same
+    shapes: keys permuted along D, values per 128-token block as [D/32][128] in the vpos token order)."""
+    _, kpos, _, vpos = (m.to(x.device) for m in tl_maps(x.shape[-1] if axis == -2 else x.shape[-1] * 32))
+    if axis == -2:
+        if not inverse:
+            return x[..., kpos].contiguous()
+        out = torch.empty_like(x)
+        out[..., kpos] = x
+        return out
+    b, h, t, g = x.shape
+    if not inverse:
+        return x.reshape(b, h, t // TL_BLOCK, TL_BLOCK, g)[:, :, :, vpos].transpose(-1, -2).reshape(b, h, t, g)
+    out = torch.empty(b, h, t // TL_BLOCK, TL_BLOCK, g, dtype=x.dtype, device=x.device)
+    out[:, :, :, vpos] = x.reshape(b, h, t // TL_BLOCK, g, TL_BLOCK).transpose(-1, -2)
+    return out.reshape(b, h, t, g)

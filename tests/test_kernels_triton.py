@@ -28,7 +28,7 @@ def make_cache(b, hkv, t, tr, d, seed, rotate=True, token_norm=True, rotate_valu
     return random_packed_kv(b, hkv, t, tr, d, seed, rotate, token_norm, device=DEV, rotate_values=rotate_values)
 
 
-def check_decode(kv, group, lq, kv_lens, res_lens, seed, split_tokens=64):
+def check_decode(kv, group, lq, kv_lens, res_lens, seed, split_tokens=128):
     b, hkv, d = kv.k_res.shape[0], kv.k_res.shape[1], kv.k_res.shape[3]
     q = torch.randn(b, hkv * group, lq, d, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
     scaling = d**-0.5
@@ -42,7 +42,7 @@ def check_decode(kv, group, lq, kv_lens, res_lens, seed, split_tokens=64):
 
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_decode_gqa_mixed_lengths(group):
-    # Quantized lengths not multiples of 32/128, residual lengths 37 / 5, splits of 64 tokens.
+    # Quantized lengths not multiples of 32/128 (the stored 192 padded to 256), residual lengths 37 / 5, splits of 128.
     kv = make_cache(2, 2, 192, 37, 64, seed=group)
     check_decode(kv, group, 1, kv_lens=[192 - 19, 67], res_lens=[37, 5], seed=10 + group)
 
@@ -62,24 +62,24 @@ def test_decode_values_as_they_come():
 
 
 def test_decode_launch_tuning_keeps_the_result():
-    # block_t / num_warps / num_stages / waves / maxnreg (the launch's tuning knobs, swept in runs 87 and 92) change
-    # the tiling and the split plan, not the result: still within 2x the bf16 error.
+    # num_warps / num_stages / waves / maxnreg (the launch's tuning knobs, swept in runs 87 and 92 and by the tl
+    # order's study) change the tiling and the split plan, not the result: still within 2x the bf16 error.
     kv = make_cache(2, 2, 256, 11, 64, seed=41)
     q = torch.randn(2, 8, 1, 64, generator=torch.Generator().manual_seed(42)).to(torch.bfloat16)
     ref = attention_f64(q, kv, 0.125)
     budget = relative_error(attention_bf16(q, kv, 0.125), ref)
-    for opts in ({"block_t": 32, "num_stages": 2, "waves": 1.0}, {"block_t": 128, "num_warps": 8, "num_stages": 4},
-                 {"block_t": 64, "maxnreg": 128, "waves": 4.0}, {"block_t": 256}):
+    for opts in ({"num_stages": 2, "waves": 1.0}, {"num_warps": 8, "num_stages": 4}, {"maxnreg": 128, "waves": 4.0},
+                 {"split_tokens": 256}):
         out = triton_decode.decode_attention(q.to(DEV), kv, 0.125, **opts)
         assert relative_error(out, ref) <= 2 * budget, opts
 
 
 @pytest.mark.parametrize("rotate_values", [True, False])
 def test_decode_merges_more_splits_than_one_chunk(rotate_values):
-    # The combine takes 64 splits' partials per round (one program per query row): 70 splits of 32 tokens need two
+    # The combine takes 64 splits' partials per round (one program per query row): 66 splits of 128 tokens need two
     # rounds, the second short; the shorter second sequence leaves its late splits empty.
-    kv = make_cache(2, 1, 2240, 6, 64, seed=61, rotate_values=rotate_values)
-    check_decode(kv, 4, 1, kv_lens=[2240 - 5, 900], res_lens=[6, 2], seed=62, split_tokens=32)
+    kv = make_cache(2, 1, 8448, 6, 64, seed=61, rotate_values=rotate_values)
+    check_decode(kv, 4, 1, kv_lens=[8448 - 5, 900], res_lens=[6, 2], seed=62)
 
 
 def test_plan_splits_one_wave_where_rows_are_few():
@@ -113,7 +113,7 @@ def test_decode_matches_quant_attention_reference():
 
     kv = make_cache(2, 2, 128, 21, 64, seed=21)
     q = torch.randn(2, 8, 1, 64, generator=torch.Generator().manual_seed(22)).to(torch.bfloat16).to(DEV)
-    out = triton_decode.decode_attention(q, kv, 0.125, split_tokens=64)
+    out = triton_decode.decode_attention(q, kv, 0.125, split_tokens=128)
     ref = attention_f64(q, kv, 0.125)
     assert relative_error(packed_attention_reference(q, kv, 0.125), ref) < 1e-2
     assert relative_error(out, packed_attention_reference(q, kv, 0.125).double()) < 1e-2
@@ -126,9 +126,7 @@ def test_decode_rejects_bad_lengths():
         triton_decode.decode_attention(q, kv, 0.1, kv_lens=[33])
     with pytest.raises(ValueError, match="only 4 in the full-precision window"):
         triton_decode.decode_attention(torch.randn(1, 4, 5, 64).to(DEV), kv, 0.1)
-    with pytest.raises(ValueError, match="block_t must be 32, 64, 128 or 256"):
-        triton_decode.decode_attention(q, kv, 0.1, block_t=48)
-    with pytest.raises(ValueError, match="must be a multiple of block_t"):
+    with pytest.raises(ValueError, match="must be a positive multiple of 128"):
         triton_decode.decode_attention(q, kv, 0.1, split_tokens=48)
     with pytest.raises(ValueError, match="multiple of KV heads"):
         triton_decode.decode_attention(q[:, :3], PackedKV(kv.k, kv.v, kv.norms, kv.k_res.expand(1, 2, 4, 64),

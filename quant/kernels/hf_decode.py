@@ -52,7 +52,9 @@ class PackedDecodeLayer(CacheLayerMixin):
         dev, self.dtype, self.device = key_states.device, key_states.dtype, key_states.device
         i32, f16 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.float16, device=dev)
         t = self.capacity
-        order = "frag" if (self.backend or default_backend(dev)) == "cuda" else "natural"  # what pack_kv writes
+        # the order the backend's decode reads: CUDA's pack writes "frag"; Triton's writes natural codes, which each
+        # flushed block converts to "tl" once (_pack_into) rather than every decode call
+        order = {"cuda": "frag", "triton": "tl"}.get(self.backend or default_backend(dev), "natural")
         self.k = QTensor(torch.zeros(b, h, t // 16, d, **i32), torch.zeros(b, h, t // 32, d, **f16),
                          torch.zeros(b, h, t // 32, d, **f16), 2, 32, -2, order=order)
         self.v = QTensor(torch.zeros(b, h, t, d // 16, **i32), torch.zeros(b, h, t, d // 32, **f16),

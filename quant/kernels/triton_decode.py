@@ -1,4 +1,4 @@
-"""Triton split-KV decode attention over an OScaR packed cache (quant.packed.PackedKV layout).
+"""Triton split-KV decode attention over an OScaR packed cache in the "tl" code order (quant/packed.py).
 
 One program per (split, batch * KV head). The query heads sharing a KV head (GQA) and the Lq query
 tokens (speculative decoding) form the M rows of one tensor-core tile, so every loaded byte of codes
@@ -6,26 +6,34 @@ serves all of them. Quantized keys hold K_unit = (K @ Hd) / n_t, so for a quanti
 
     s_j = scaling * n_j * (q @ Hd) . (code_j * scale_g + zero_g)
 
-and the values are V @ Hd: the quantized part accumulates P @ V_hat in the rotated basis. The last
-program of each row handles the full-precision residual window (s_r = scaling * q . k_r, causal among
-the Lq new tokens). A combine kernel, one program per query row, merges the splits by log-sum-exp and
-rotates the quantized part back: out = (O_q @ Hd + O_r) / L.
+and the values are V @ Hd (or V as it comes when the model's weights carry V's rotation): the quantized part
+accumulates P @ V_hat. The last program of each row handles the full-precision residual window (s_r = scaling *
+q . k_r, causal among the Lq new tokens). A combine kernel, one program per query row, merges the splits by
+log-sum-exp and rotates the quantized part back: out = (O_q @ Hd + O_r) / L.
 
-Dequantization (_fp16_pairs) makes fp16 codes without int -> float conversions: two codes of a word at once are
-masked into the mantissas of an fp16 pair (1024 + c), then 1024 is subtracted and the scale and zero applied with
-packed fp16 arithmetic (one rounding, as c * scale + zero in fp32 then rounded). The pairs come out in a fixed
-permuted order inside each 16 tokens (keys) or 16 channels (values), which the kernel carries through (_perm16).
-Products are transposed (S^T = K Q^T, O^T = V^T P^T) so that the block's tokens fill the tensor core's M.
-Measured on an H100 (quant/kernels/NOTES.md, runs 91-98): Qwen3 1 x 128K 365.6 -> 166.4 us (cuDNN 193.9), 16 x 32K
-571.2 (cuDNN 702.2), with the one-wave split plan (plan_splits) at batch 1 and the query rotated in the kernel.
+The loop (per 128-token block, transposed products S^T = K Q^T and O^T = V^T P^T on wgmma, the tokens in M):
+- the dequantized K [128, D] and V^T [D, 128] tiles are built directly in the registers of the wgmma A operand:
+  the tl code order puts each thread's codes and scales in contiguous words (8- and 16-byte loads), and Triton
+  carries the dot-operand layout back through the joins and reshapes to the loads (no shared-memory round trip);
+- codes become fp16 in inline PTX, 3 instructions per fp16 pair with the FMA (_codes: lop3 of the pair into the
+  mantissas of 2^E + c, sub.f16x2 2^E, exact; the interpreter, which cannot run PTX, takes _codes_plain);
+- (code * scale + zero) is one fp16 FMA: the dequantized values are those of quant.primitives, one rounding;
+- the split's whole blocks run without masks, its last partial block as one masked step after the loop;
+- V^T is built after the softmax's cross-warp max, and the row sums are reduced once after the loop.
+H100 (quant/kernels/NOTES.md, twenty-first round): 771 instructions per thread per block under Triton 3.6, against
+1827 for the previous natural-order kernel, and 1.95-2.4x faster at long contexts. The layout was found by a
+helper study (variants v1-v6, kept in the notes).
 """
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
 
 NEG_INIT = tl.constexpr(-1.0e30)  # finite running-max start: fully masked blocks then give exp(-inf) = 0, never NaN
 LOG2E = 1.4426950408889634
+BLOCK_T = 128  # tokens per step of a split's loop: the tl order's block
 # Dots of fp32 operands (the window, the rotation back) on TF32 tensor cores. The window's q and k hold bf16 (or fp16)
 # values, which TF32 carries exactly (fp16's last mantissa bit aside); P and the merged output lose bits below 2^-11,
 # under the bf16 output's 2^-9. "ieee" runs on the FMA units: the merge's 16 x 128 x 128 rotation alone took ~155 us a
@@ -34,81 +42,107 @@ PRECISE = tl.constexpr("tf32")
 
 
 @triton.jit
-def _fp16_pairs(words):
-    """int32 words [A, B] of 16 INT2 codes (code i at bits 2i) -> (lo, hi) fp16 [A, B, 8]:
-    lo[a, b, j] = code j, hi[a, b, j] = code 8 + j. No int -> float conversion instructions: two codes at a time are
-    masked into the mantissas of the fp16 pair 1024 + c (bits 0x6400 | c), split, and 1024 is subtracted (exact)."""
+def _slot(r, MT: tl.constexpr):
+    """Tile row r of a 64 MT-row wgmma tile over 4 warps -> position: the rows of one warp are consecutive (quant.packed.tl_row)."""
+    return 16 * MT * ((r // 16) % 4) + 16 * (r // 64) + r % 16
+
+
+@triton.jit
+def _codes_plain(words):
+    """_codes without inline asm (the Triton interpreter cannot run PTX): the same values."""
     shifts = tl.arange(0, 8) * 2
     y = ((words[:, :, None] >> shifts[None, None, :]) & 0x00030003) | 0x64006400
     lo = y.to(tl.int16).to(tl.float16, bitcast=True)
     hi = (y >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-    return lo - 1024.0, hi - 1024.0
+    return tl.join(lo, hi) - 1024.0
 
 
 @triton.jit
-def _halves(words, A: tl.constexpr, B: tl.constexpr):
-    """int32 words [A, B // 2] holding fp16 pairs (memory order) -> fp16 [A, B]. Loading fp16 scales two to a 4-byte
-    word lets Triton's pipeliner stage them with cp.async (2-byte loads stay synchronous, a stall per block)."""
-    lo = words.to(tl.int16).to(tl.float16, bitcast=True)
-    hi = (words >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-    return tl.reshape(tl.join(lo, hi), (A, B))
+def _codes(words, ASM: tl.constexpr):
+    """int32 [A, B] -> fp16 [A, B, 8, 2]: [a, b, j, h] = the code at bits 2j + 16h, exact.
+
+    One inline-asm instance per fp16 pair (pack=1, two fp16 outputs joined): lop3 (w & mask_j) | e_j puts the pair's two codes in the
+    mantissas of 2^E + c (E = 10 - 2j' at mantissa bit 2j', j' = j for j < 5, else j - 5 after one shift of the
+    word by 10), then sub.f16x2 2^E (exact). No int16 truncations, no shifts for j < 5."""
+    if not ASM:
+        return _codes_plain(words)
+    j = tl.arange(0, 8)[None, None, :]
+    jp = tl.where(j < 5, j, j - 5)
+    src = tl.where(j < 5, words[:, :, None], (words >> 10)[:, :, None])
+    mask = 0x00030003 << (2 * jp)
+    e = (25 - 2 * jp) << 10
+    orc = e | (e << 16)
+    lo, hi = tl.inline_asm_elementwise(
+        "{ .reg .b32 t; lop3.b32 t, $2, $3, $4, 0xEA; sub.f16x2 t, t, $4; mov.b32 {$0, $1}, t; }",
+        "=h,=h,r,r,r", [src, mask, orc], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    return tl.join(lo, hi)
 
 
 @triton.jit
-def _perm16(i):
-    """The token (or channel) at tile row (or column) i of _fp16_pairs' order: 16 (i // 16) + 8 (i % 2) + (i % 16) // 2."""
-    return (i // 16) * 16 + (i % 2) * 8 + (i % 16) // 2
-
-
-@triton.jit
-def _quantized_block(qr, kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr, norm_ptr, t0, kv_len, scale_log2,
-                     BLOCK_T: tl.constexpr, D: tl.constexpr):
-    """Scores [M, BLOCK_T] (log2 units, masked) and dequantized V [BLOCK_T, D] fp16 of one block.
-
-    Pointers are at (b, h, token 0). Keys: codes [T/16, D], scale/zero [T/32, D].
-    Values: codes [T, D/16], scale/zero [T, D/32]. Norms fp32 [T].
-    Both come out permuted by _fp16_pairs' order: row i of the scores and of V holds token t0 + _perm16(i), and
-    column c of V holds channel _perm16(c); the caller stores the output's columns back in channel order.
-    Returns S^T [BLOCK_T, M] (qr comes as [D, M]) and V^T [D, BLOCK_T]: with the tokens in the M dimension the two
-    products fill the tensor core's 64-row tiles (the 4-8 query rows alone would pad M = 16).
-    """
-    d = tl.arange(0, D)
-    # Loads past kv_len are masked to 0: they may lie past the stored tokens (or be another head's), and
-    # a masked score times a garbage (inf / NaN) value would still poison the sum.
-    rows = t0 // 16 + tl.arange(0, BLOCK_T // 16)
-    kw = tl.load(kc_ptr + rows[:, None] * D + d[None, :], mask=(rows * 16 < kv_len)[:, None], other=0)
-    grp = t0 // 32 + tl.arange(0, BLOCK_T // 32)
-    g = grp[:, None] * (D // 2) + tl.arange(0, D // 2)[None, :]
-    gok = (grp * 32 < kv_len)[:, None]
-    ks = _halves(tl.load(ks_ptr.to(tl.pointer_type(tl.int32)) + g, mask=gok, other=0), BLOCK_T // 32, D)
-    kz = _halves(tl.load(kz_ptr.to(tl.pointer_type(tl.int32)) + g, mask=gok, other=0), BLOCK_T // 32, D)
-    klo, khi = _fp16_pairs(kw)  # [R, D, 8]: token 16r + j (lo), 16r + 8 + j (hi) of channel d
-    # [R, 8, 2, D] -> tile row 16r + 2j + h holds token 16r + 8h + j (_perm16); groups of 32 rows stay groups
-    kcodes = tl.reshape(tl.permute(tl.join(klo, khi), (0, 2, 3, 1)), (BLOCK_T // 32, 32, D))
-    k = tl.reshape(kcodes * ks[:, None, :] + kz[:, None, :], (BLOCK_T, D))
-    t = t0 + _perm16(tl.arange(0, BLOCK_T))
-    tok = t < kv_len
-    n = tl.load(norm_ptr + t, mask=tok, other=0.0)
+def _scores(qr, kc_ptr, ks_ptr, kz_ptr, norm_ptr, t0, kv_len, scale_log2,
+            BLOCK_T: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, ASM: tl.constexpr):
+    """Scores S^T [128, M] (tile row r = token t0 + tau(r)) and V^T [D, 128] (row r = channel sigma(r), column =
+    token tau(col)) of one 128-token block in the tl code order (quant.packed.tl_maps). Pointers at (b, h, token 0)."""
+    r = tl.arange(0, BLOCK_T)
+    tr = _slot(r, 2)
+    kw = tl.load(kc_ptr + (t0 + tr)[:, None] * (D // 16) + tl.arange(0, D // 16)[None, :])
+    kc = tl.reshape(tl.permute(tl.reshape(_codes(kw, ASM), (BLOCK_T, 4, D // 64, 8, 2)), (0, 2, 3, 1, 4)), (2, 4, 16, D))
+    g = (t0 // 32 + tl.arange(0, 4))[:, None] * D + tl.arange(0, D)[None, :]
+    ks = tl.reshape(tl.permute(tl.reshape(tl.load(ks_ptr + g), (4, 4, D // 64, 8, 2)), (0, 2, 3, 1, 4)), (4, D))
+    kz = tl.reshape(tl.permute(tl.reshape(tl.load(kz_ptr + g), (4, 4, D // 64, 8, 2)), (0, 2, 3, 1, 4)), (4, D))
+    # explicit fma: one rounding whatever Triton's fp-fusion default (3.10 turns contraction off)
+    k = tl.reshape(tl.fma(kc, ks[None, :, None, :], kz[None, :, None, :]), (BLOCK_T, D))
+    # norms as [w, g, b, a] (row r = 64 b + 16 w + 8 a + g, token tau(r) = 32 w + 16 b + 8 a + g): a thread's four
+    # rows are one contiguous run of the staged copy (one 16-byte shared load instead of four)
+    nw = tl.arange(0, 4)[:, None, None, None] * 32 + tl.arange(0, 8)[None, :, None, None]
+    n4 = tl.load(norm_ptr + t0 + nw + tl.arange(0, 2)[None, None, :, None] * 16 + tl.arange(0, 2)[None, None, None, :] * 8)
+    n = tl.reshape(tl.permute(n4, (2, 0, 3, 1)), (BLOCK_T,))
     s = tl.dot(k, qr) * (n * scale_log2)[:, None]
-    s = tl.where(tok[:, None], s, float("-inf"))
-
-    vw = tl.load(vc_ptr + t[:, None] * (D // 16) + tl.arange(0, D // 16)[None, :], mask=tok[:, None], other=0)
-    gv = t[:, None] * (D // 64) + tl.arange(0, D // 64)[None, :]
-    vs = _halves(tl.load(vs_ptr.to(tl.pointer_type(tl.int32)) + gv, mask=tok[:, None], other=0), BLOCK_T, D // 32)
-    vz = _halves(tl.load(vz_ptr.to(tl.pointer_type(tl.int32)) + gv, mask=tok[:, None], other=0), BLOCK_T, D // 32)
-    vlo, vhi = _fp16_pairs(vw)  # [T, D/16, 8]: channel 16w + j (lo), 16w + 8 + j (hi)
-    vcodes = tl.reshape(tl.join(vlo, vhi), (BLOCK_T, D // 32, 32))  # column 16w + 2j + h
-    v = tl.reshape(vcodes * vs[:, :, None] + vz[:, :, None], (BLOCK_T, D))
-    return s, tl.trans(v)
+    if MASKED:  # the split's last, partial block (tokens past kv_len: padding or another sequence's stale codes)
+        s = tl.where((t0 + tr < kv_len)[:, None], s, float("-inf"))
+    return s
 
 
 @triton.jit
-def _online_update_t(s, vt, m, l, acct):
-    """The transposed step: s [N, M] log2-scaled scores S^T, vt [D, N], acct [D, M]."""
+def _values(vc_ptr, vs_ptr, vz_ptr, t0, kv_len, BLOCK_T: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
+            ASM: tl.constexpr):
+    """V^T [D, 128] of one block (row r = channel sigma(r), column = token tau(col)), tl code order."""
+    G: tl.constexpr = D // 32
+    blk = t0 // 128
+    sv = _slot(tl.arange(0, D), D // 64)
+    vw = tl.load(vc_ptr + blk * (D * 8) + sv[:, None] * 8 + tl.arange(0, 8)[None, :])
+    vc = tl.reshape(tl.permute(tl.reshape(_codes(vw, ASM), (D, 4, 2, 8, 2)), (0, 2, 3, 1, 4)), (D, BLOCK_T))
+    p = tl.arange(0, BLOCK_T)
+    ptok = t0 + _slot(2 * (p // 32) + p % 2 + 8 * ((p % 32) // 2), 2)
+    gv = blk * (G * BLOCK_T) + tl.arange(0, G)[:, None] * BLOCK_T + p[None, :]
+    if MASKED:  # scales past kv_len may be garbage (inf / NaN): a zero probability times NaN is NaN
+        vmask = (ptok < kv_len)[None, :]
+        vs = tl.load(vs_ptr + gv, mask=vmask, other=0.0)
+        vz = tl.load(vz_ptr + gv, mask=vmask, other=0.0)
+    else:
+        vs = tl.load(vs_ptr + gv)
+        vz = tl.load(vz_ptr + gv)
+    vs = tl.reshape(tl.permute(tl.reshape(vs, (G, 4, 2, 8, 2)), (0, 2, 3, 1, 4)), (G, BLOCK_T))
+    vz = tl.reshape(tl.permute(tl.reshape(vz, (G, 4, 2, 8, 2)), (0, 2, 3, 1, 4)), (G, BLOCK_T))
+    if D == 128:  # V^T rows (mt, w, i): group w
+        v = tl.fma(tl.reshape(vc, (2, 4, 16, BLOCK_T)), vs[None, :, None, :], vz[None, :, None, :])
+    else:  # D == 64, rows (w // 2, w % 2, i): group w // 2
+        v = tl.fma(tl.reshape(vc, (2, 2, 16, BLOCK_T)), vs[:, None, None, :], vz[:, None, None, :])
+    return tl.reshape(v, (D, BLOCK_T))
+
+
+@triton.jit
+def _block_step(qr, kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr, norm_ptr, t0, kv_len, scale_log2, m, l, acct,
+                BLOCK_T: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, ASM: tl.constexpr):
+    """One block, transposed: S^T [N, M] (log2 units), then V^T [D, N] built only after the softmax's cross-warp max
+    (so that ptxas dequantizes it straight into the wgmma A registers the score product has freed); l [N, M] holds
+    per-row partial sums (summed over the tokens once, after the loop)."""
+    s = _scores(qr, kc_ptr, ks_ptr, kz_ptr, norm_ptr, t0, kv_len, scale_log2, BLOCK_T, D, MASKED, ASM)
     m_new = tl.maximum(m, tl.max(s, 0))
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new[None, :])
-    l = l * alpha + tl.sum(p, 0)
+    l = l * alpha[None, :] + p
+    vt = _values(vc_ptr, vs_ptr, vz_ptr, t0, kv_len, BLOCK_T, D, MASKED, ASM)
     acct = acct * alpha[None, :] + tl.dot(vt, p.to(vt.dtype))
     return m_new, l, acct
 
@@ -133,7 +167,7 @@ def decode_split_kernel(
     T, Tr, num_splits, split_tokens, scale_log2,
     stride_rb, stride_rh, stride_rt, stride_vb, stride_vh, stride_vt,
     HKV: tl.constexpr, GROUP: tl.constexpr, LQ: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, ROTATE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, ROTATE: tl.constexpr, ASM: tl.constexpr = True,
 ):
     """Partial attention of one split. Q: [B, Hq, LQ, D] (the window's dtype); HD: the fp32 [D, D] rotation of the
     keys (ROTATE: a quantized split rotates its query by it, QR = Q @ Hd, in fp32 then fp16).
@@ -168,16 +202,24 @@ def decode_split_kernel(
             qt = tl.load(Q + q_off[None, :] + d[:, None], mask=row_ok[None, :], other=0.0).to(tl.float32)  # Q^T
         qr = qt.to(tl.float16)
         acct = tl.zeros((D, M), tl.float32)
+        l2 = tl.zeros((BLOCK_T, M), tl.float32)
         kv_len = tl.load(KV_LEN + b)
         start = split * split_tokens
         end = tl.minimum(start + split_tokens, kv_len)
         kbase = (b * HKV + h).to(tl.int64) * T
-        for t0 in range(start, end, BLOCK_T):
-            s, v = _quantized_block(qr, KC + kbase // 16 * D, KS + kbase // 32 * D, KZ + kbase // 32 * D,
-                                    VC + kbase * (D // 16), VS + kbase * (D // 32), VZ + kbase * (D // 32),
-                                    NORM + b.to(tl.int64) * T, t0, kv_len, scale_log2, BLOCK_T, D)
-            m, l, acct = _online_update_t(s, v, m, l, acct)
+        full = start + tl.maximum(end - start, 0) // BLOCK_T * BLOCK_T  # whole blocks: no masks in the main loop
+        for t0 in range(start, full, BLOCK_T):
+            m, l2, acct = _block_step(qr, KC + kbase * (D // 16), KS + kbase // 32 * D, KZ + kbase // 32 * D,
+                                      VC + kbase * (D // 16), VS + kbase * (D // 32), VZ + kbase * (D // 32),
+                                      NORM + b.to(tl.int64) * T, t0, kv_len, scale_log2, m, l2, acct, BLOCK_T, D,
+                                      False, ASM)
+        if full < end:
+            m, l2, acct = _block_step(qr, KC + kbase * (D // 16), KS + kbase // 32 * D, KZ + kbase // 32 * D,
+                                      VC + kbase * (D // 16), VS + kbase * (D // 32), VZ + kbase * (D // 32),
+                                      NORM + b.to(tl.int64) * T, full, kv_len, scale_log2, m, l2, acct, BLOCK_T, D,
+                                      True, ASM)
         acc = tl.trans(acct)
+        l = tl.sum(l2, 0)
     else:
         q = tl.load(Q + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         res_len = tl.load(RES_LEN + b)
@@ -196,8 +238,8 @@ def decode_split_kernel(
             s = tl.where(t[None, :] < limit[:, None], s, float("-inf"))
             m, l, acc = _online_update(s, v, m, l, acc)
     out = (bh * (num_splits + 1) + split).to(tl.int64)
-    # a quantized split's columns are in _fp16_pairs' channel order
-    col = tl.where(split < num_splits, _perm16(d), d)
+    # a quantized split's columns are in sigma's channel order (quant.packed.tl_maps)
+    col = tl.where(split < num_splits, _slot(d, D // 64), d)
     tl.store(PO + out * M * D + r[:, None] * D + col[None, :], acc)
     tl.store(PML + out * 2 * M + r, m)
     tl.store(PML + out * 2 * M + M + r, l)
@@ -288,35 +330,43 @@ def plan_splits(tokens: int, rows: int, block: int, sms: int, programs: int, wav
     return split_tokens, -(-tokens // split_tokens)
 
 
-def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, block_t: int | None = None,
-                     split_tokens: int | None = None, num_warps: int = 4, num_stages: int | None = None,
-                     waves: float | None = None, maxnreg: int | None = None):
+def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, split_tokens: int | None = None,
+                     num_warps: int = 4, num_stages: int | None = None, waves: float | None = None,
+                     maxnreg: int | None = None):
     """OScaR decode attention with Triton. query [B, Hq, Lq, D] -> out [B, Hq, Lq, D] (query dtype).
 
-    kv: quant.packed.PackedKV. kv_lens / res_lens: valid quantized / residual tokens per sequence
-    (default: all stored). split_tokens: tokens per split (default: plan_splits, with `waves` and the compiled
-    kernel's programs per SM).
-    The launch's tuning: block_t (tokens per step of a split's loop; default 128, or the largest of 64 / 32 dividing
-    a given split_tokens), num_warps, num_stages (Triton's software pipelining; None: its default), maxnreg (a
-    register cap per thread, hence more programs per SM; None: the compiler's choice). Run 92 swept them.
+    kv: quant.packed.PackedKV, codes best in the "tl" order (PackedDecodeLayer keeps them so for this backend);
+    another order is converted on every call (correct, slow), and a token count that is not a multiple of 128 is
+    padded first. kv_lens / res_lens: valid quantized / residual tokens per sequence (default: all stored).
+    split_tokens: tokens per split, a multiple of 128 (default: plan_splits, with `waves` and the compiled kernel's
+    programs per SM). The launch's tuning: num_warps, num_stages (Triton's software pipelining; None: its default),
+    maxnreg (a register cap per thread; None: the compiler's choice). The helper study measured 4 warps and the
+    compiler's registers best (8 warps and maxnreg=168 slower, 3 stages equal).
     """
+    import dataclasses
+
     import torch
 
-    from quant.kernels.common import num_sms, padded_rows, prepare_decode
+    from quant.kernels.common import _lens, num_sms, padded_rows, prepare_decode
+    from quant.packed import TL_BLOCK
 
-    x = prepare_decode(query, kv, kv_lens, res_lens, rotate_query=False)  # the kernel rotates the query
+    if kv.k is not None and kv.k.num_tokens % TL_BLOCK:  # pad to whole blocks, the padding masked by kv_lens
+        t = kv.k.num_tokens
+        kv_lens = _lens(kv_lens, t, query.shape[0], t, "kv_lens", query.device)
+        norms = kv.norms
+        if norms is not None:
+            norms = torch.cat([norms, norms.new_ones(norms.shape[0], -(-t // TL_BLOCK) * TL_BLOCK - t)], 1)
+        kv = dataclasses.replace(kv, k=kv.k.pad_tokens(TL_BLOCK), v=kv.v.pad_tokens(TL_BLOCK), norms=norms)
+    x = prepare_decode(query, kv, kv_lens, res_lens, rotate_query=False, order="tl")  # the kernel rotates the query
     m = padded_rows(x.group, x.lq)
     rows = x.batch * x.kv_heads
-    if block_t is None:
-        block_t = next((bt for bt in (128, 64) if split_tokens is None or split_tokens % bt == 0), 32)
-    if block_t not in (32, 64, 128, 256):
-        raise ValueError(f"block_t must be 32, 64, 128 or 256 (whole quantization groups, a power of two), got {block_t}")
-    if split_tokens is not None and split_tokens % block_t:
-        raise ValueError(f"split_tokens ({split_tokens}) must be a multiple of block_t ({block_t})")
+    if split_tokens is not None and (split_tokens <= 0 or split_tokens % BLOCK_T):
+        raise ValueError(f"split_tokens ({split_tokens}) must be a positive multiple of {BLOCK_T} (the tl order's "
+                         "block)")
     dev = query.device
     sl2 = float(scaling) * LOG2E
-    options = dict(HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m, D=x.head_dim, BLOCK_T=block_t, BLOCK_R=32,
-                   ROTATE=kv.hadamard is not None,
+    options = dict(HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m, D=x.head_dim, BLOCK_T=BLOCK_T, BLOCK_R=32,
+                   ROTATE=kv.hadamard is not None, ASM=os.environ.get("TRITON_INTERPRET") != "1",
                    num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
                    **({} if maxnreg is None else {"maxnreg": maxnreg}))
 
@@ -326,15 +376,15 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, blo
                 x.k_res.stride(2), x.v_res.stride(0), x.v_res.stride(1), x.v_res.stride(2))
 
     if split_tokens is None:
-        programs = 2  # the default launch's measured value (255 registers, 4 warps), where it cannot be read
+        programs = 2  # the measured value (189 registers, 4 warps), where it cannot be read
         if dev.type == "cuda":
             key = (dev.index, x.q.dtype, x.k_res.dtype, tuple(sorted(options.items())))
             if key not in _PROGRAMS:  # compile without launching and read the binary's registers and shared memory
                 scratch = torch.empty(1, dtype=torch.float32, device=dev)
-                _PROGRAMS[key] = programs_per_sm(decode_split_kernel.warmup(*args(1, block_t, scratch, scratch),
+                _PROGRAMS[key] = programs_per_sm(decode_split_kernel.warmup(*args(1, BLOCK_T, scratch, scratch),
                                                                             grid=(1,), **options), dev)
             programs = _PROGRAMS[key]
-        split_tokens, splits = plan_splits(x.tokens, rows, block_t, num_sms(dev), programs, waves)
+        split_tokens, splits = plan_splits(x.tokens, rows, BLOCK_T, num_sms(dev), programs, waves)
     else:
         splits = -(-x.tokens // split_tokens)
     po = torch.empty(rows, splits + 1, m, x.head_dim, dtype=torch.float32, device=dev)

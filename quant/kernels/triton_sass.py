@@ -1,13 +1,16 @@
 """The Triton decode's machine code without a GPU: compile `triton_decode.decode_split_kernel` for sm_90, read its
 registers, spills and shared memory, and count the instructions of each loop of its SASS by opcode.
 
-    python3 -m quant.kernels.triton_sass --block-t 128 --num-warps 4
-    python3 -m quant.kernels.triton_sass --block-t 64 --maxnreg 168 --top 30 --out sass.json
+    python3 -m quant.kernels.triton_sass --num-warps 4
+    python3 -m quant.kernels.triton_sass --head-dim 64 --maxnreg 168 --top 30 --out sass.json
 
-Triton compiles for a GPU target on any machine (its wheel carries ptxas and cuobjdump). Session 14 used this to find
-what its decode loop spent: 1360 instructions per thread per 64-token block, 128 of them int -> fp32 conversions and
-the scale loads not cp.async-staged (quant/kernels/NOTES.md, seventeenth round). Counts are a guide to what the GPU
-will do, not a time: run 91 measured 1.1-1.3x where the counts promised 1.3-1.4x.
+Triton compiles for a GPU target on any machine (its wheel carries ptxas and cuobjdump). The compile gets the
+divisibility hints a real launch specializes on (16-byte aligned tensors, T and split_tokens multiples of 128, the
+window's strides multiples of D): without them the tl order's scale loads cannot be shown aligned and are neither
+vectorized nor cp.async-staged (1182 instructions per block instead of 771 under Triton 3.6). Session 14 used this to
+find what the natural-order loop spent (quant/kernels/NOTES.md, seventeenth round), session 15's helper study to find
+the tl order (twenty-first round). Counts are a guide to what the GPU will do, not a time: run 91 measured 1.1-1.3x
+where the counts promised 1.3-1.4x; the tl order's 2.4x fewer instructions gave 1.95-2.4x.
 """
 from __future__ import annotations
 
@@ -35,7 +38,12 @@ def _tool(name: str) -> str:
     return str(path)
 
 
-def compile_decode(head_dim: int = 128, group: int = 4, kv_heads: int = 8, block_t: int = 128, num_warps: int = 4,
+# Arguments a real launch specializes as divisible by 16 (Triton's rule for integers and 16-byte aligned pointers).
+_DIV16 = {"Q", "HD", "KC", "KS", "KZ", "VC", "VS", "VZ", "NORM", "KR", "VR", "KV_LEN", "RES_LEN", "PO", "PML", "T",
+          "split_tokens", "stride_rb", "stride_rh", "stride_rt", "stride_vb", "stride_vh", "stride_vt"}
+
+
+def compile_decode(head_dim: int = 128, group: int = 4, kv_heads: int = 8, num_warps: int = 4,
                    num_stages: int | None = None, maxnreg: int | None = None, dtype: str = "bf16", arch: int = 90):
     """The compiled decode_split_kernel (a triton CompiledKernel) for one launch configuration, as the launcher would
     build it for a [B, group * kv_heads, 1, head_dim] query in `dtype` over a rotated cache."""
@@ -49,14 +57,15 @@ def compile_decode(head_dim: int = 128, group: int = 4, kv_heads: int = 8, block
     from quant.kernels.common import padded_rows
 
     fn = triton_decode.decode_split_kernel
-    const = dict(HKV=kv_heads, GROUP=group, LQ=1, M=padded_rows(group, 1), D=head_dim, BLOCK_T=block_t, BLOCK_R=32,
-                 ROTATE=True)
+    const = dict(HKV=kv_heads, GROUP=group, LQ=1, M=padded_rows(group, 1), D=head_dim, BLOCK_T=triton_decode.BLOCK_T,
+                 BLOCK_R=32, ROTATE=True, ASM=True)
     types = {**_POINTERS, "Q": f"*{dtype}", "KR": f"*{dtype}", "VR": f"*{dtype}"}
     sig = {n: "constexpr" if n in const else types.get(n, "fp32" if n == "scale_log2" else "i32") for n in fn.arg_names}
     options = {"num_warps": num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
                **({} if maxnreg is None else {"maxnreg": maxnreg})}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", arch, 32),
-                          options=options)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in _DIV16}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                          target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def resources(cubin: bytes) -> dict:
@@ -94,7 +103,6 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--head-dim", type=int, default=128, choices=[64, 128])
     p.add_argument("--group", type=int, default=4, help="query heads per KV head")
-    p.add_argument("--block-t", type=int, default=128, choices=[32, 64, 128, 256])
     p.add_argument("--num-warps", type=int, default=4)
     p.add_argument("--num-stages", type=int, default=None)
     p.add_argument("--maxnreg", type=int, default=None)
@@ -102,10 +110,10 @@ def main(argv=None) -> None:
     p.add_argument("--top", type=int, default=20, help="opcodes listed per loop")
     p.add_argument("--out", default=None, help="JSON path")
     a = p.parse_args(argv)
-    k = compile_decode(a.head_dim, a.group, 8, a.block_t, a.num_warps, a.num_stages, a.maxnreg, a.dtype)
+    k = compile_decode(a.head_dim, a.group, 8, a.num_warps, a.num_stages, a.maxnreg, a.dtype)
     res = {**resources(k.asm["cubin"]), "dynamic_shared_bytes": k.metadata.shared}
     loops = sass_loops(k.asm["cubin"])
-    print(f"decode_split_kernel D={a.head_dim} group={a.group} block_t={a.block_t} warps={a.num_warps} "
+    print(f"decode_split_kernel D={a.head_dim} group={a.group} warps={a.num_warps} "
           f"stages={a.num_stages} maxnreg={a.maxnreg}: {res}")
     for lp in loops:
         mix = " ".join(f"{op}:{n}" for op, n in list(lp["opcodes"].items())[:a.top])
