@@ -68,3 +68,17 @@ def test_partial_blocks_are_padded_not_laid_out():
     assert padded.num_tokens == 128 and torch.equal(padded.dequantize()[:, :, :96], kv.k.dequantize())
     assert torch.equal(padded.to_order("tl").unpacked()[:, :, :96], kv.k.unpacked())
     assert kv.v.pad_tokens(TL_BLOCK).num_tokens == 128
+
+
+def test_the_torch_reference_reads_a_kernel_ordered_cache_cut_to_its_valid_tokens():
+    # quant.kernels.valid_part cuts a cache at capacity to its valid tokens for the torch backend: a kernel's order
+    # permutes inside blocks, so it converts to the natural order before cutting (a cut tl block would be garbage).
+    import dataclasses
+
+    from quant.kernels import decode_attention
+
+    kv = random_packed_kv(1, 2, 256, 4, 64, seed=9)
+    tl = dataclasses.replace(kv, k=kv.k.to_order("tl"), v=kv.v.to_order("tl"))
+    q = torch.randn(1, 8, 1, 64, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    want = decode_attention(q, kv, 0.125, backend="torch", kv_lens=[200])
+    assert torch.equal(decode_attention(q, tl, 0.125, backend="torch", kv_lens=[200]), want)

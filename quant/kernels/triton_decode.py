@@ -330,6 +330,14 @@ def plan_splits(tokens: int, rows: int, block: int, sms: int, programs: int, wav
     return split_tokens, -(-tokens // split_tokens)
 
 
+def _inline_ptx() -> bool:
+    """Whether the kernel may use its inline PTX (_codes): not under the interpreter, which cannot run PTX, nor on
+    ROCm (torch.version.hip), whose Triton has no PTX. The plain path gives the same values, slower."""
+    import torch
+
+    return os.environ.get("TRITON_INTERPRET") != "1" and getattr(torch.version, "hip", None) is None
+
+
 def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, split_tokens: int | None = None,
                      num_warps: int = 4, num_stages: int | None = None, waves: float | None = None,
                      maxnreg: int | None = None):
@@ -366,7 +374,7 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, spl
     dev = query.device
     sl2 = float(scaling) * LOG2E
     options = dict(HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m, D=x.head_dim, BLOCK_T=BLOCK_T, BLOCK_R=32,
-                   ROTATE=kv.hadamard is not None, ASM=os.environ.get("TRITON_INTERPRET") != "1",
+                   ROTATE=kv.hadamard is not None, ASM=_inline_ptx(),
                    num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
                    **({} if maxnreg is None else {"maxnreg": maxnreg}))
 
