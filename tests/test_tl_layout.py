@@ -82,3 +82,5 @@ def test_the_torch_reference_reads_a_kernel_ordered_cache_cut_to_its_valid_token
     q = torch.randn(1, 8, 1, 64, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
     want = decode_attention(q, kv, 0.125, backend="torch", kv_lens=[192])
     assert torch.equal(decode_attention(q, tl, 0.125, backend="torch", kv_lens=[192]), want)
+    with pytest.raises(ValueError, match="whole 32-token groups, got kv_lens 200"):
+        decode_attention(q, tl, 0.125, backend="torch", kv_lens=[200])

@@ -73,6 +73,9 @@ def valid_part(kv, kv_lens=None, res_lens=None):
 
     t, r = one(kv_lens, "kv_lens"), one(res_lens, "res_lens")
     if t is not None and kv.k is not None and t < kv.k.num_tokens:
+        if t % kv.k.group:
+            raise ValueError(f"the torch reference cuts the packed tokens at whole {kv.k.group}-token groups, got "
+                             f"kv_lens {t}: use a kernel backend (cuda, triton), which masks inside a group")
         if kv.k.order != "natural":  # a kernel's order permutes inside blocks: cut in the natural one
             kv = replace(kv, k=kv.k.to_order("natural"), v=kv.v.to_order("natural"))
         if t == 0:
