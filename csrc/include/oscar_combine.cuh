@@ -30,6 +30,13 @@ __device__ __forceinline__ int merge_groups(const DecodeParams& p) {
   return p.merge_group > 0 && p.window_cta ? (p.num_splits + p.merge_group - 1) / p.merge_group : 0;
 }
 
+// Whether a launch takes the two-level merge: then the kernel is the kGroups = true instantiation. The one-level
+// kernel (kGroups = false) has no group-merge code at all: compiled in and unused, that code (~2,100 SASS
+// instructions) cost Qwen3 3-4 us a step at batch 1 after the read-only flush, nothing after the dirty one (run 110).
+__host__ __device__ __forceinline__ bool grouped_launch(const DecodeParams& p) {
+  return p.merge_group > 0 && p.window_cta;
+}
+
 // Phase 1 of a merge: the partials in slots first + i * stride (i < count) merged online into `parts` per-row
 // results in shared memory (unnormalized o, m, l). A thread takes 8 channels of a row (16-byte loads); with few rows,
 // `parts` threads share a row item's slots. Each thread merges its slots online in chunks of kChunk whose loads (m, l,
@@ -133,7 +140,7 @@ __device__ void combine_group(const DecodeParams& p, int64_t bh, int first, int 
 // each weighted 2^(m_s - M). Phase 1 (merge_slots) over the quantized slots, or over the groups' first slots after a
 // two-level merge's first level; then the parts are combined through shared memory, the window partial (loaded before
 // phase 1) joins there, and the rotation back runs in registers (fwht_lanes).
-template <int D, int NT, typename T>
+template <int D, int NT, typename T, bool kGroups>
 __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, NT>& sm) {
   constexpr int kPerRow = D / 8, kSlots = kThreads / kPerRow;
   const int rows = p.group * p.lq, quant = p.num_splits;
@@ -141,7 +148,7 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
   const int chunk = threadIdx.x % kPerRow, slot = threadIdx.x / kPerRow;
   WindowPart win = {};
   if (slot < rows) win = load_window_part<D>(p, base, rows, slot, chunk);  // the first pass of the final loop
-  const int stride = merge_groups(p) > 0 ? p.merge_group : 1;
+  const int stride = kGroups && merge_groups(p) > 0 ? p.merge_group : 1;
   const int parts = merge_slots<D, NT>(p, base, 0, (quant + stride - 1) / stride, stride, sm);
   trace_stamp(p, 5);
   __syncthreads();
@@ -201,7 +208,7 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
 // to split x and the last one also to the window first. The last CTA to finish merges all partials
 // (threadFenceReduction pattern). (Letting the window CTA, idle after its window, merge the splits as their flags
 // came up instead ran 2-3 us slower: its polling slowed the split beside it on its SM, run 33.)
-template <int D, int NT, typename T>
+template <int D, int NT, typename T, bool kGroups>
 __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   DecodeSmem<D, NT>& sm = *reinterpret_cast<DecodeSmem<D, NT>*>(smem_raw);
@@ -236,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   // consistent fence in every thread, as before, measured 0.3-1.3 us slower, run 34). A two-level merge (merge_group
   // > 0, the window in its own CTA): a quantized split arrives at its group's counter; the group's last CTA merges the
   // group (combine_group) and arrives, for the group, at the row's counter, where the window's CTA arrives too.
-  const int groups = merge_groups(p);
+  const int groups = kGroups ? merge_groups(p) : 0;
   const bool grouped = groups > 0 && !window;
   const int g = grouped ? split / p.merge_group : 0;
   const int g_count = grouped ? min(p.merge_group, p.num_splits - g * p.merge_group) : 0;
@@ -249,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   __syncthreads();
   trace_stamp(p, 3);
   if (!sm.last) return;
-  if (grouped) {
+  if (kGroups && grouped) {
     combine_group<D, NT>(p, bh, g * p.merge_group, g_count, sm);
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -260,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
     trace_stamp(p, 6);
     if (!sm.last) return;
   }
-  combine_splits<D, NT, T>(p, bh, sm);
+  combine_splits<D, NT, T, kGroups>(p, bh, sm);
   if (threadIdx.x == 0) p.counters[bh] = 0;  // ready for the next call
   trace_stamp(p, 4);
 }
@@ -269,24 +276,30 @@ namespace {
 // Devices on which a specialization's shared-memory limit is raised. Internal linkage on purpose: a function-local
 // static of an inline template is one symbol across every loaded module (STB_GNU_UNIQUE), so a second build of the
 // same kernels in one process (min_blocks=2 beside 3) skipped its own setup and failed to launch (run 28).
-template <int D, int NT, typename T>
+template <int D, int NT, typename T, bool kGroups>
 bool decode_configured[64] = {};
 }  // namespace
 
-template <int D, int NT, typename T>
-cudaError_t launch_decode_nt(const DecodeParams& p, int batch, cudaStream_t stream) {
+template <int D, int NT, typename T, bool kGroups>
+cudaError_t launch_decode_kernel(const DecodeParams& p, int batch, cudaStream_t stream) {
   const size_t smem = sizeof(DecodeSmem<D, NT>);
   int dev = 0;
   cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64 || !decode_configured<D, NT, T>[dev]) {
-    const cudaError_t e = cudaFuncSetAttribute(decode_split_kernel<D, NT, T>,
+  if (dev < 0 || dev >= 64 || !decode_configured<D, NT, T, kGroups>[dev]) {
+    const cudaError_t e = cudaFuncSetAttribute(decode_split_kernel<D, NT, T, kGroups>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
-    if (dev >= 0 && dev < 64) decode_configured<D, NT, T>[dev] = true;
+    if (dev >= 0 && dev < 64) decode_configured<D, NT, T, kGroups>[dev] = true;
   }
   const int ctas = p.window_cta ? p.num_splits + 1 : max(p.num_splits, 1);
-  decode_split_kernel<D, NT, T><<<dim3(ctas, batch * p.kv_heads), kThreads, smem, stream>>>(p);
+  decode_split_kernel<D, NT, T, kGroups><<<dim3(ctas, batch * p.kv_heads), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int D, int NT, typename T>
+cudaError_t launch_decode_nt(const DecodeParams& p, int batch, cudaStream_t stream) {
+  return grouped_launch(p) ? launch_decode_kernel<D, NT, T, true>(p, batch, stream)
+                           : launch_decode_kernel<D, NT, T, false>(p, batch, stream);
 }
 
 // Host: one launch (splits, the window folded into the last split's CTA, the merge in the last CTA to

@@ -311,7 +311,7 @@ struct MinBlocks {
   static constexpr int value = NT == 1 ? OSCAR_MIN_BLOCKS : 2;
 };
 
-template <int D, int NT, typename T>
+template <int D, int NT, typename T, bool kGroups>
 __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_kernel(const DecodeParams p);
 
 }  // namespace oscar
