@@ -13,7 +13,7 @@ DATA  ?=
 MODEL_PATH ?=
 OPTS  ?=
 
-.PHONY: setup eval test tni bench leaderboard compare list clean
+.PHONY: setup eval test tni bench bench-check leaderboard compare list clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,9 @@ tni: setup
 
 bench: setup
 	$(BIN)/oscar-eval bench $(OPTS)
+
+bench-check: setup
+	$(BIN)/oscar-eval bench-check $(B) $(if $(A),--against $(A)) $(OPTS)
 
 leaderboard: setup
 	$(BIN)/oscar-eval leaderboard $(OPTS)

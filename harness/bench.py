@@ -48,6 +48,9 @@ def add_arguments(p) -> None:
                    help="prompt lengths for the generate benchmark (make eval's path)")
     p.add_argument("--generate-tokens", type=int, default=256, help="new tokens per generate call")
     p.add_argument("--out", default=None, help="JSON path (default results/bench/bench-<time>.json)")
+    p.add_argument("--against", default=None, help="an older bench JSON of the same GPU: after the run, report the "
+                   "changes and exit 1 on a slowdown beyond --max-slowdown (oscar-eval bench-check)")
+    p.add_argument("--max-slowdown", default="5%", help="with --against: tolerated slowdown per point")
 
 
 def _median_us(fn, warmup=25, rep=100) -> float:
@@ -536,4 +539,13 @@ def main(args) -> int:
         result["generate"] = run_generate(args)
         out.write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out}")
+    from harness import bench_check
+
+    print(bench_check.format_for_bench(result))
+    if args.against:
+        changes = bench_check.compare(bench_check.load(args.against), result,
+                                      bench_check.parse_slowdown(args.max_slowdown))
+        print(f"against {args.against}:")
+        print(bench_check.format_changes(changes, bench_check.parse_slowdown(args.max_slowdown)))
+        return 1 if any(c["regression"] for c in changes) else 0
     return 0
