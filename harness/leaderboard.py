@@ -47,7 +47,14 @@ def main(args: argparse.Namespace) -> int:
     updated = update_readme(Path(args.readme), md)
     from harness import report_html
 
-    html_path = report_html.write(Path(args.html), groups, paper, bench, len(runs))
+    newest = newest_bench_file(Path(args.bench_dir), bench)
+    targets = None
+    if newest is not None:
+        from harness import bench_check
+
+        targets = bench_check.target_rows(bench_check.load(newest))
+    html_path = report_html.write(Path(args.html), groups, paper, bench, len(runs), targets,
+                                  str(newest) if newest else None)
     print(f"{len(runs)} result files -> {args.markdown}, {html_path}"
           + (f", {args.readme} (results section)" if updated else f" ({args.readme} has no {README_START} marker)"))
     return 0
@@ -104,6 +111,17 @@ def load_bench(bench_dir: Path) -> list[dict[str, Any]]:
         elif isinstance(data, dict) and isinstance(data.get("rows"), list):
             rows += [{**row, "run": run} for row in data["rows"] if isinstance(row, dict)]
     return rows
+
+
+def newest_bench_file(bench_dir: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """The `make bench` JSON of the newest run folder (report_html.latest_run), if it has kernel rows."""
+    from harness.report_html import latest_run
+
+    run = latest_run(rows)
+    if run is None:
+        return None
+    files = sorted(p for p in (bench_dir / run).glob("*bench*.json") if "kernels" in load_json(p))
+    return files[-1] if files else None
 
 
 def method_rank(name: str) -> tuple[int, str]:

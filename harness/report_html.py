@@ -21,6 +21,7 @@ STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1em;font-size:14px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
+tr.missed td{background:#fde8e8}table.targets td:first-child,table.targets td:nth-child(2),table.targets td:last-child{text-align:left}
 td:first-child,th:first-child{text-align:left}
 section{margin-bottom:2.5em}img.plot{max-width:100%;border:1px solid #eee}
 .badge{display:inline-block;padding:1px 8px;border-radius:4px;font-size:12px;font-weight:600;color:#fff}
@@ -213,32 +214,49 @@ def published_section(paper: dict[str, Any]) -> str:
     return "\n".join(parts + ["</section>"])
 
 
-def speed_section(rows: list[dict[str, Any]]) -> str:
+def targets_table(targets: list[dict[str, Any]] | None, source: str | None) -> str:
+    """The kernel targets of the newest bench run (harness.bench_check.target_rows), missed ones marked."""
+    if not targets:
+        return ""
+    f = lambda x: "–" if x is None else f"{x:.3g}"  # noqa: E731
+    rows = [[t["target"], t["shape"], ("<= " if not t["higher_is_better"] else ">= ") + f"{t['threshold']:g}",
+             f(t["dirty"]), f(t["clean"]),
+             "–" if t["ceiling"] is None and t["ceiling_clean"] is None else f"{f(t['ceiling'])} / {f(t['ceiling_clean'])}",
+             t["status"]] for t in targets]
+    attrs = ['class="missed"' if t["status"].startswith("MISSED") else "" for t in targets]
+    return (f"<h3>Kernel targets, {html.escape(source or '')}</h3><p>Dirty / clean: after do_bench's zero-fill "
+            "flush / after a read-only flush. Ceiling: best BF16 over a bare stream of the same bytes (no kernel of "
+            "these bytes goes beyond it). <code>make bench-check B=... A=...</code> prints this and compares runs.</p>"
+            + table(["target", "shape", "need", "dirty", "clean", "ceiling", "status"], rows, "targets", attrs))
+
+
+def speed_section(rows: list[dict[str, Any]], targets: list[dict[str, Any]] | None = None,
+                  targets_source: str | None = None) -> str:
     if not rows:
         return ('<section class="speed"><h2>Speed</h2><p>No <code>make bench</code> results under '
                 "results/bench/ yet.</p></section>")
     keys = [k for k in dict.fromkeys(k for r in rows for k in r) if not k.startswith("_")]
     cells = [[L.fmt(r.get(k)) if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys] for r in rows]
-    return "\n".join(['<section class="speed"><h2>Speed (make bench)</h2>',
+    return "\n".join(['<section class="speed"><h2>Speed (make bench)</h2>', targets_table(targets, targets_source),
                       figure(speed_plot(rows), "decode attention time vs context"), table(keys, cells, "bench"), "</section>"])
 
 
-def render(groups, paper, bench_rows, n_files: int) -> str:
+def render(groups, paper, bench_rows, n_files: int, targets=None, targets_source=None) -> str:
     body = [f"<h1>oscar-eval leaderboard</h1><p>Built by <code>make leaderboard</code> from {n_files} result files "
             "under results/runs/. Measured rows and the paper's published numbers are kept in separate sections. "
             "Replica rows ran tiny random-weight models: they show the pipeline, not model quality.</p>"]
     body += [group_section(key, runs) for key, runs in groups.items()]
     if paper:
         body.append(published_section(paper))
-    body.append(speed_section(bench_rows))
+    body.append(speed_section(bench_rows, targets, targets_source))
     return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>oscar-eval leaderboard</title>"
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + f"\n{ONLOAD}</body></html>\n")
 
 
-def write(path: Path, groups, paper, bench_rows, n_files: int) -> Path:
+def write(path: Path, groups, paper, bench_rows, n_files: int, targets=None, targets_source=None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")  # no display on CI machines
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(groups, paper, bench_rows, n_files), encoding="utf-8")
+    path.write_text(render(groups, paper, bench_rows, n_files, targets, targets_source), encoding="utf-8")
     return path

@@ -75,6 +75,20 @@ def test_bench_rows_are_read_and_plotted(workdir):
     assert report_html.speed_plot(rows).startswith("data:image/png;base64,")
     assert report_html.latest_run([{"run": "h100-run9"}, {"run": "h100-run39"}, {"run": "h100-run36"}]) == "h100-run39"
 
+
+def test_html_shows_the_newest_runs_kernel_targets(workdir):
+    """The speed section opens with the kernel targets of the newest bench run (bench_check), missed rows marked."""
+    for run in ("h100-run99", "h100-run107"):
+        Path(f"results/bench/{run}").mkdir(parents=True)
+        shutil.copy(REPO / "results" / "bench" / run / "bench-all.json", f"results/bench/{run}/bench-all.json")
+    assert cli(["leaderboard", "--paper", "paper.json"]) == 0
+    page = Path("results/leaderboard/index.html").read_text()
+    assert "Kernel targets, results/bench/h100-run107/bench-all.json" in page
+    table = page[page.index('<table class="targets">'):]
+    table = table[:table.index("</table>")]
+    assert "<td>decode 1 x 128K vs best BF16</td><td>qwen3-8b</td><td>&gt;= 4.5</td><td>3.67</td>" in table
+    assert table.count('class="missed"') == 11 and "<td>met</td>" in table  # run 107: 19 of 30 met
+
 def test_speed_of_graph_decoded_runs_is_marked():
     r = make_result("oscar", [1.0, 0.0])
     assert "graphs" not in L.run_row(r, None)["tok/s"]
