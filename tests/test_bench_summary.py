@@ -39,3 +39,21 @@ def test_largest_batch_is_sized_from_the_real_contexts_bytes():
     assert batch_that_fits(int(3.42 * gib), int(16.01 * gib), int(79.65 * gib)) == 18
     assert batch_that_fits(int(3.42 * gib), int(16.01 * gib), int(79.65 * gib), slack=6 * gib) == 16
     assert batch_that_fits(int(90 * gib), int(16 * gib), int(79.65 * gib)) == 1  # the step-down reports the failure
+
+
+def test_graph_replays_are_compared_with_graph_replays():
+    """With the BF16 decodes also timed as graph replays, OScaR's graph times are divided into those (eager into
+    eager): at short contexts the eager SDPA call times the host's dispatch."""
+    row = {"shape": "qwen3-8b", "batch": 1, "context": 4096, "sdpa_flash": 27.0, "sdpa_cudnn": 19.6,
+           "sdpa_cudnn_clean": 17.4, "sdpa_flash_graph": 16.0, "sdpa_flash_graph_clean": 15.5,
+           "sdpa_cudnn_graph": 12.5, "sdpa_cudnn_graph_clean": 11.0, "oscar_bytes": 3.6e6, "oscar_cuda_us": 30.0,
+           "oscar_cuda_graph_us": 14.0, "oscar_cuda_graph_clean_us": 14.6, "floor_read_us": 7.3,
+           "floor_read_clean_us": 6.2, "pack_block128_us": 12.8, "pack_prefill_us": 28.0, "pack_prefill_bytes": 2e7}
+    s = summarize(row, 3.0e12)
+    assert s["best_bf16"] == "sdpa_cudnn" and s["best_bf16_graph"] == "sdpa_cudnn_graph"
+    assert s["speedup_cuda"] == pytest.approx(19.6 / 30.0)  # eager against eager
+    assert s["speedup_cuda_graph"] == pytest.approx(12.5 / 14.0)
+    assert s["speedup_cuda_graph_clean"] == pytest.approx(11.0 / 14.6)
+    assert s["ceiling_speedup"] == pytest.approx(12.5 / 7.3) and s["ceiling_speedup_clean"] == pytest.approx(11.0 / 6.2)
+    line = _kernel_line({**row, **s})
+    assert "cudnn 19.6 g12.5" in line
