@@ -318,6 +318,11 @@ def test_decode_plan_picks_the_single_wave_whose_slowest_sm_ends_first():
     assert kcuda.decode_plan(130944, 112, 132, 3, 64) == (18816, 7, False)  # 14 x 128K: 784 CTAs in 1.98 waves
     assert kcuda.decode_plan(130944, 136, 132, 3, 64) == (16384, 8, False)  # 17 x 128K: 1088 CTAs in 2.75 waves
     assert kcuda.decode_plan(130944, 80, 132, 3, 64) == (43776, 3, False)
+    # short steps, where the window CTA's weight ties every count: the most splits up to 16 (run 115)
+    assert kcuda.decode_plan(3968, 8, 132, 3, 128) == (384, 11, True)  # qwen3 1 x 4K (was 7 splits)
+    assert kcuda.decode_plan(1920, 8, 132, 3, 128) == (128, 15, True)  # qwen3 1 x 2K (was 3)
+    assert kcuda.decode_plan(3968, 4, 132, 3, 128) == (256, 16, True)  # the thinker's 1 x 4K (was 7)
+    assert kcuda.decode_plan(896, 4, 132, 3, 128) == (128, 7, True)  # the thinker's 1 x 1K (was 2)
     for tokens, rows in [(4096, 8), (300, 3), (131072, 1), (65536, 40), (130944, 44)]:
         split, n, window_cta = kcuda.decode_plan(tokens, rows, 132, 3, 100)
         assert split % 128 == 0 and (n - 1) * split < tokens <= n * split

@@ -367,19 +367,27 @@ def waves_cost(costs: list[float], sms: int, per_sm: int) -> float:
     return -(-len(costs) // slots) * per_sm * max(costs)
 
 
+# Among one-wave plans the cost model ties (short steps, where the window's own CTA is the costliest in packed tokens
+# whatever the split count), the most splits up to this: shorter splits end the step sooner, and up to 16 partials a
+# row one merge round takes them all (run 115, clean L2: Qwen3 1 x 2K 3 splits 14.4 us -> 15 splits 12.1, 1 x 4K 7
+# -> 11 splits 15.0 -> 13.8; the thinker's 1 x 1K 2 -> 7 15.3 -> 13.5, 1 x 4K 7 -> 16 16.1 -> 15.0).
+TIE_MOST_SPLITS = 16
+
+
 @functools.lru_cache(maxsize=256)
 def _best_plan(tokens: int, rows: int, sms: int, room: int, residual: int, window_cta: bool):
     """The cheaper of the best one-wave plan (`slowest_sm` over every split count that fits one wave) and, when up
     to 8 splits can overfill it, the several-wave plan whose last wave is fullest (`waves_cost`); ties go to one
     wave. Several waves win when the rows slightly exceed the SMs (run 55, clean L2: 14 x 128K, 112 rows, 7 splits
     499 us against the best single wave's 542; 17 x 128K, 136 rows, 8 splits 627 against 780), not at 10 x 128K (3
-    splits in one wave 376 us, 8 splits 402) nor 16 x 32K."""
+    splits in one wave 376 us, 8 splits 402) nor 16 x 32K. One-wave ties: TIE_MOST_SPLITS."""
     window = 0 if window_cta else residual
     best = None
-    for want in range(1, min(room // rows, -(-tokens // 128)) + 1):  # ties: fewer splits
+    for want in range(1, min(room // rows, -(-tokens // 128)) + 1):
         split, n = plan_splits(tokens, rows, room, window=window, want=want)
         cost = slowest_sm(tokens, rows, split, n, sms, window_cta, residual)
-        if best is None or cost < best[0] - 1e-6:
+        # ties (the window CTA's weight bounds every count, at short contexts): the most splits up to TIE_MOST_SPLITS
+        if best is None or cost < best[0] - 1e-6 or (cost < best[0] + 1e-6 and best[2] < n <= TIE_MOST_SPLITS):
             best = (cost, split, n)
     over = [w for w in range(room // rows + 1, min(8, -(-tokens // 128)) + 1)]
     if over:
