@@ -162,11 +162,13 @@ def test_cuda_decode_two_level_merge(d, group, merge_group):
     assert (two.float() - one.float()).abs().max() <= 2**-7 * one.float().abs().max()
 
 
-def test_merge_plan_uses_two_levels_past_two_rounds():
+def test_merge_plan_uses_two_levels_past_four_rounds():
     # One merging CTA takes 8 partials per round per row-sharing part (128 threads, 8 channels each): Qwen3 1 x 128K
-    # (32 splits, 4 rows, 2 parts) stays one level; the Omni thinker's 64 splits of 8 rows (8 rounds, run 100) go two.
+    # (32 splits, 4 rows, 2 parts) stays one level; the Omni thinker's 64 splits of 8 rows (8 rounds, run 100) go two,
+    # its 32 splits at 1 x 32K-64K (4 rounds) stay one (run 119)
     assert kcuda.merge_plan(32, 4, 128, True) == 0
     assert kcuda.merge_plan(64, 8, 128, True) == 8
+    assert kcuda.merge_plan(32, 8, 128, True) == 0
     assert kcuda.merge_plan(64, 8, 128, False) == 0  # needs the window's own CTA
     assert kcuda.merge_plan(11, 1, 128, True) == 0  # llava: 64 partials a round
     assert kcuda.merge_plan(40, 16, 64, True) == 8 and kcuda.merge_plan(16, 16, 64, True) == 0

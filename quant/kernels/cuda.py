@@ -456,11 +456,13 @@ def merge_plan(splits: int, rows: int, head_dim: int, window_cta: bool) -> int:
     of each group of G quantized splits merges the group, then the row's last CTA merges the groups and the window).
     rows = (Hq / Hkv) * Lq query rows per KV head. A merging thread keeps 8 partials' loads in flight and
     128 / (head_dim / 8) rows' threads share the work, so one CTA merges per round of L2 latency
-    G = 8 * max(1, threads_per_pass / rows) partials; two levels are used where one would take more than two such
+    G = 8 * max(1, threads_per_pass / rows) partials; two levels are used where one would take more than four such
     rounds (the Qwen3-Omni thinker at 1 x 128K: 64 splits of 8 rows, 8 rounds, the merge 8-11 us, run 100), and need
-    the window in its own CTA."""
+    the window in its own CTA. At four rounds one level wins: the two-level kernel is ~4 us slower after a read-only
+    flush and gains <= 0.6 us after the dirty one (run 119, the thinker's 1 x 16K-64K, 26-32 splits), where at 64
+    splits it gains 4 us dirty for +0.5 clean."""
     per_round = 8 * max(1, (128 // (head_dim // 8)) // max(rows, 1))
-    return per_round if window_cta and splits > 2 * per_round else 0
+    return per_round if window_cta and splits > 4 * per_round else 0
 
 
 def _aligned(t: torch.Tensor) -> bool:
