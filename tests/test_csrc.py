@@ -64,6 +64,30 @@ def test_cuda_decode_matches_oracle(group, d, rotate_values, window_cta):
 
 
 @needs_gpu
+@pytest.mark.parametrize("group,d,rotate_values", [(4, 128, False), (8, 128, False), (1, 64, False), (8, 128, True)])
+def test_cuda_decode_one_cta_per_row(group, d, rotate_values):
+    # Rows of one split with the window folded into its CTA (the thinker's 64 x 4K plan), V's rotation in the weights or
+    # in the cache; a row with no quantized tokens and one with no window are in the batch. The merge leaves its
+    # counters at zero, so a second call gives the same bits.
+    kv = random_packed_kv(4, 2, 640, 77, d, seed=3 * group + d, device="cuda", rotate_values=rotate_values)
+    kv_lens, res_lens = [640, 333, 0, 97], [77, 1, 40, 0]
+    q = torch.randn(4, 2 * group, 1, d, generator=torch.Generator().manual_seed(group)).to(torch.bfloat16).cuda()
+    ref = attention_f64(q.cpu(), kv, d**-0.5, kv_lens, res_lens)
+    budget = relative_error(attention_bf16(q.cpu(), kv, d**-0.5, kv_lens, res_lens), ref)
+    outs = []
+    for _ in range(2):  # a second call: the same bits (the merge's counters were left as they were)
+        outs.append(kcuda.decode_attention(q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=640,
+                                           window_cta=False))
+        assert relative_error(outs[-1], ref) <= 2 * budget
+    assert torch.equal(outs[0], outs[1])
+    assert int(kcuda._counters(q.device, 8).count_nonzero()) == 0
+    several = kcuda.decode_attention(q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=128,
+                                     window_cta=False)  # 5 splits, the window in the last one's CTA
+    assert relative_error(several, ref) <= 2 * budget
+    assert (several.float() - outs[0].float()).abs().max() <= 2e-2 * outs[0].float().abs().max()
+
+
+@needs_gpu
 @pytest.mark.parametrize("window_cta", [False, True])
 def test_cuda_decode_launch_orders_agree_bit_for_bit(window_cta):
     # The CTA order (DecodeParams::order) changes only which (split, row) a block index works on: every order covers

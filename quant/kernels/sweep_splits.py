@@ -28,7 +28,9 @@ from quant.primitives import hadamard
 SHAPES = {"qwen3-8b": (32, 8, 128), "llava-7b": (32, 32, 128), "qwen3-omni-thinker": (32, 4, 128)}
 
 
-def inputs(shape: str, batch: int, ctx: int, res_tokens: int = 64):
+def inputs(shape: str, batch: int, ctx: int, res_tokens: int = 64, rotate_values: bool = False):
+    """The decode inputs of `oscar-eval bench`'s kernel points: V's rotation in the model's weights (OScaR's default,
+    quant/fold.py), so the kernel leaves its output in V's basis; rotate_values=True: V rotated in the cache too."""
     hq, hkv, d = SHAPES[shape]
     g = torch.Generator(device="cuda").manual_seed(batch * 7 + ctx)
     q = torch.randn(batch, hq, 1, d, device="cuda", generator=g).to(torch.bfloat16)
@@ -36,8 +38,9 @@ def inputs(shape: str, batch: int, ctx: int, res_tokens: int = 64):
     v = torch.randn(batch, hkv, ctx, d, device="cuda", generator=g).to(torch.bfloat16)
     tq = ctx - res_tokens
     tq -= tq % 128
-    kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda")
-    kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device="cuda"))
+    kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=rotate_values)
+    kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device="cuda"),
+                  values_rotated=rotate_values)
     return q, kv
 
 
@@ -171,6 +174,8 @@ def main() -> None:
                    help="merge groups to time each plan with, comma-separated: plan (cuda.merge_plan's choice), 0 (one "
                         "level), G (two levels, groups of G splits; with the window's own CTA)")
     p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
+    p.add_argument("--rotate-values", action="store_true",
+                   help="V rotated in the cache (the merge rotates the output back), not in the model's weights")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     window = {"auto": None, "cta": True, "folded": False}[a.window]
@@ -179,7 +184,7 @@ def main() -> None:
     rows = []
     for point in a.points.split(","):
         b, ctx = (int(v) for v in point.lower().split("x"))
-        q, kv = inputs(a.shape, b, ctx)
+        q, kv = inputs(a.shape, b, ctx, rotate_values=a.rotate_values)
         for s in [None] + [int(v) for v in a.splits.split(",") if v]:
             if s is not None and s * 128 > ctx * 2:
                 continue
@@ -205,7 +210,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "min_blocks": a.min_blocks,
+            json.dump({"gpu": torch.cuda.get_device_name(), "min_blocks": a.min_blocks, "rotate_values": a.rotate_values,
                        "kernel_flags": os.environ.get("OSCAR_KERNEL_FLAGS", ""), "rows": rows}, f, indent=1)
 
 
