@@ -139,7 +139,10 @@ def test_cta_order_starts_window_ctas_last_over_several_waves():
     # One wave keeps rows in order (the planner's slowest-SM model assumes it); several waves with the windows in their
     # own CTAs start those last (run 80: qwen3 64 x 4K 2 splits + window CTAs 100.5 us vs 109.3 in row order).
     assert kcuda.cta_order(8, 32, True, 396) == kcuda.ORDER_ROWS  # 1 x 128K, one wave
-    assert kcuda.cta_order(128, 2, False, 396) == kcuda.ORDER_ROWS  # 16 x 32K, one wave
+    assert kcuda.cta_order(96, 3, False, 396) == kcuda.ORDER_ROWS  # one wave, three splits
+    # 16 x 32K: two splits per row and an SM's two CTAs from two rows; the rows' first splits start first (run 125)
+    assert kcuda.cta_order(128, 2, False, 396) == kcuda.ORDER_SPECIAL_LAST
+    assert kcuda.cta_order(128, 2, False, 768, sms=256) == kcuda.ORDER_ROWS  # 256 SMs: one CTA each
     assert kcuda.cta_order(512, 2, True, 396) == kcuda.ORDER_SPECIAL_LAST  # 64 x 4K: 1536 CTAs
     assert kcuda.cta_order(512, 3, False, 396) == kcuda.ORDER_ROWS  # window folded: row by row
 
@@ -331,7 +334,10 @@ def test_decode_plan_picks_the_single_wave_whose_slowest_sm_ends_first():
     assert kcuda.slowest_sm(130944, 8, 3968, 33, 132, True, 64) > 1.4 * kcuda.slowest_sm(130944, 8, 4096, 32, 132,
                                                                                             True, 64)
     assert kcuda.decode_plan(130944, 32, 132, 3, 64) == (11904, 11, True)
-    assert kcuda.decode_plan(32640, 128, 132, 3, 128) == (16768, 2, False)
+    # 16 x 32K: the first split (each SM's first CTA) 8% longer than the second with the window (run 125)
+    assert kcuda.decode_plan(32640, 128, 132, 3, 128) == (17280, 2, False)
+    assert 17280 / (32640 - 17280 + 128 * kcuda.WINDOW_TOKEN_WEIGHT) == pytest.approx(kcuda.FIRST_CTA_SHARE, abs=0.01)
+    assert kcuda.paired_split_tokens(300, 0) == 256 and kcuda.paired_split_tokens(1000, 128) == 896  # two splits
     assert kcuda.decode_plan(32640, 8, 132, 3, 128) == (1024, 32, True)
     # several waves: where a folded window would weigh >= 1/4 of a split, the windows get their own CTAs, started
     # last (runs 80-81: 64 x 4K 99.6-100.5 us against 105.8 for 3 splits, window folded); light windows stay folded

@@ -239,7 +239,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         splits = -(-x.tokens // split_tokens) if x.tokens else 0
     window_cta = bool(window_cta)
     if order is None:
-        order = cta_order(rows, splits, window_cta, num_sms(query.device) * min_blocks)
+        order = cta_order(rows, splits, window_cta, num_sms(query.device) * min_blocks, num_sms(query.device))
     elif order not in (ORDER_ROWS, ORDER_SPECIAL_FIRST, ORDER_SPECIAL_LAST):
         raise ValueError(f"order must be {ORDER_ROWS} (row by row), {ORDER_SPECIAL_FIRST} (each row's window or "
                          f"window-carrying CTA first) or {ORDER_SPECIAL_LAST} (those last), got {order!r}")
@@ -293,6 +293,8 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
             auto and residual * WINDOW_TOKEN_WEIGHT >= split / 4 and rows * n <= 8 * slots)):
         split, n = waves_with_window(tokens, rows, slots)
         window_cta = True
+    if paired_splits(rows, n, window_cta, sms) and tokens > 256:
+        split = paired_split_tokens(tokens, residual)
     return split, n, window_cta
 
 
@@ -304,7 +306,7 @@ def launch_plan(query: torch.Tensor, kv: PackedKV, min_blocks: int = 3) -> dict:
     rows, slots = x.batch * x.kv_heads, num_sms(query.device) * min_blocks
     split, splits, window_cta = decode_plan(x.tokens, rows, num_sms(query.device), min_blocks, x.residual)
     return {"splits": splits, "split_tokens": split, "window_cta": window_cta,
-            "order": cta_order(rows, splits, window_cta, slots),
+            "order": cta_order(rows, splits, window_cta, slots, num_sms(query.device)),
             "merge_group": merge_plan(splits, x.group * x.lq, x.head_dim, window_cta),
             "ctas": (splits + window_cta if splits else 1) * rows}
 
@@ -431,16 +433,41 @@ def plan_splits(tokens: int, rows: int, slots: int, block: int = 128, most: int 
 ORDER_ROWS, ORDER_SPECIAL_FIRST, ORDER_SPECIAL_LAST = 0, 1, 2
 
 
-def cta_order(rows: int, splits: int, window_cta: bool, slots: int) -> int:
+def cta_order(rows: int, splits: int, window_cta: bool, slots: int, sms: int | None = None) -> int:
     """The launch order of a plan. The block scheduler starts CTAs in linear order and, over several waves, hands
     each freed slot the next one (a list schedule). A several-wave plan with the windows in their own CTAs starts
-    them last, so that the short window CTAs fill the last wave's gaps (`waves_with_window`). Everything else goes
-    row by row: the planner's `slowest_sm` model of one wave deals CTA i to SM i mod SMs in that order, and starting
-    the window-carrying last splits first measured slower (run 80, dirty flush: qwen3 64 x 4K 109.6-109.9 against
-    105.8-106.5 us, llava 64 x 4K 372.1 against 351.3; within 1% either way at 14 and 17 x 128K)."""
+    them last, so that the short window CTAs fill the last wave's gaps (`waves_with_window`). A plan of `paired_splits`
+    starts the window-carrying last splits last too: each SM's first CTA is a row's longer first split. Everything
+    else goes row by row: the planner's `slowest_sm` model of one wave deals CTA i to SM i mod SMs in that order, and
+    starting the window-carrying last splits first measured slower (run 80, dirty flush: qwen3 64 x 4K 109.6-109.9
+    against 105.8-106.5 us, llava 64 x 4K 372.1 against 351.3; within 1% either way at 14 and 17 x 128K).
+    sms: the device's SMs (default slots / 3)."""
     if window_cta and splits >= 1 and rows * (splits + 1) > slots:
         return ORDER_SPECIAL_LAST
+    if paired_splits(rows, splits, window_cta, slots // 3 if sms is None else sms):
+        return ORDER_SPECIAL_LAST
     return ORDER_ROWS
+
+
+# An SM's first CTA ends before its second (its warps are issued first): in run 122's trace of Qwen3 16 x 32K (two
+# equal splits per row, the first CTA of every SM a row's first split) the first CTAs' loops took 133 us, the second
+# ones' 140. Run 125: the first split longer by this factor than the second with the window (17280 and 15360 + 128
+# window tokens) and started first: 163.2 / 154.0 / 146.2 -> 162.0 / 151.1 / 144.4 us (dirty / clean / warm).
+FIRST_CTA_SHARE = 1.08
+
+
+def paired_splits(rows: int, splits: int, window_cta: bool, sms: int) -> bool:
+    """A one-wave plan of two splits per row, the window folded, each row's first split the first CTA of its SM and
+    its last split the second CTA of another (rows <= SMs < 2 rows, `cta_order` starting the last splits last)."""
+    return not window_cta and splits == 2 and rows <= sms < 2 * rows
+
+
+def paired_split_tokens(tokens: int, residual: int) -> int:
+    """The first split's tokens in a `paired_splits` plan: FIRST_CTA_SHARE times the second's, whose work includes
+    the folded window (weighed by WINDOW_TOKEN_WEIGHT); a multiple of 128, two splits still."""
+    weighted = tokens + residual * WINDOW_TOKEN_WEIGHT
+    split = round(weighted * FIRST_CTA_SHARE / (1 + FIRST_CTA_SHARE) / 128) * 128
+    return min(max(split, -(-tokens // 256) * 128), -(-tokens // 128) * 128 - 128)
 
 
 def separate_window(rows: int, slots: int) -> bool:

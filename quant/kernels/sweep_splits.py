@@ -80,7 +80,7 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
             splits = -(-x.tokens // split_tokens)
     mod = cuda.load(x.head_dim, min_blocks=min_blocks)
     if order is None:
-        order = cuda.cta_order(rows, splits, window, slots)
+        order = cuda.cta_order(rows, splits, window, slots, num_sms(q.device))
     if merge_group is None:
         merge_group = cuda.merge_plan(splits, x.group * x.lq, x.head_dim, window)
     counters = cuda._counters(q.device, rows * (1 + (-(-splits // merge_group) if merge_group and window else 0)))
@@ -114,7 +114,7 @@ def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None, merge_group
     rows = x.batch * x.kv_heads
     _, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual)
     if order is None:
-        order = cuda.cta_order(rows, splits, window, num_sms(q.device) * min_blocks)
+        order = cuda.cta_order(rows, splits, window, num_sms(q.device) * min_blocks, num_sms(q.device))
     ctas = (splits + 1 if window else max(splits, 1)) * rows
     # the binding asks for (splits + 1) rows of stamps per (b, kv head) whatever the window's placement
     trace = torch.zeros((splits + 1) * rows * 8, dtype=torch.int64, device=q.device)
