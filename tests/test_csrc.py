@@ -135,6 +135,24 @@ def test_several_wave_plan_with_window_ctas_last_matches_oracle():
     assert relative_error(out, ref) <= 2 * relative_error(attention_bf16(q.cpu(), kv, 0.125), ref)
 
 
+@needs_gpu
+def test_paired_split_plan_matches_oracle():
+    # Rows between the SMs and twice as many, two splits each (16 x 8 KV heads on a GPU of 65-128 SMs): the first split
+    # longer than the second and started first (cuda.paired_splits); as exact as equal splits in row order.
+    kv = random_packed_kv(16, 8, 2048, 70, 64, seed=9, device="cuda", rotate_values=False)
+    q = torch.randn(16, 32, 1, 64, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16).cuda()
+    sms = kcuda.num_sms(q.device)
+    plan = kcuda.launch_plan(q, kv)
+    if not 128 <= sms < 256:
+        pytest.skip(f"128 rows pair up on 128-255 SMs; this GPU has {sms}")
+    assert plan["splits"] == 2 and plan["order"] == kcuda.ORDER_SPECIAL_LAST and plan["split_tokens"] > 1024
+    out = kcuda.decode_attention(q, kv, 0.125)
+    ref = attention_f64(q.cpu(), kv, 0.125)
+    equal = kcuda.decode_attention(q, kv, 0.125, split_tokens=1024, window_cta=False, order=kcuda.ORDER_ROWS)
+    assert relative_error(out, ref) <= 2 * relative_error(attention_bf16(q.cpu(), kv, 0.125), ref)
+    assert (out.float() - equal.float()).abs().max() <= 2e-2 * equal.float().abs().max()
+
+
 def test_cta_order_starts_window_ctas_last_over_several_waves():
     # One wave keeps rows in order (the planner's slowest-SM model assumes it); several waves with the windows in their
     # own CTAs start those last (run 80: qwen3 64 x 4K 2 splits + window CTAs 100.5 us vs 109.3 in row order).
