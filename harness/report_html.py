@@ -226,7 +226,8 @@ def targets_table(targets: list[dict[str, Any]] | None, source: str | None) -> s
     attrs = ['class="missed"' if t["status"].startswith("MISSED") else "" for t in targets]
     return (f"<h3>Kernel targets, {html.escape(source or '')}</h3><p>Dirty / clean: after do_bench's zero-fill "
             "flush / after a read-only flush. Ceiling: best BF16 over a bare stream of the same bytes (no kernel of "
-            "these bytes goes beyond it). <code>make bench-check B=... A=...</code> prints this and compares runs.</p>"
+            "these bytes goes beyond it); for the KV memory, the cap of OScaR's storage format with its 128-token "
+            "bf16 window. <code>make bench-check B=... A=...</code> prints this and compares runs.</p>"
             + table(["target", "shape", "need", "dirty", "clean", "ceiling", "status"], rows, "targets", attrs))
 
 

@@ -26,7 +26,10 @@ def test_targets_of_run107():
     assert row(rows, "pack per step 16 x 32K", "qwen3-8b")["status"] == "met"
     assert row(rows, "e2e step 1 x 128K", "qwen3-8b (e2e)")["dirty"] == pytest.approx(12.3246 / 7.5839, rel=1e-3)
     kv = row(rows, "e2e KV memory", "qwen3-8b (e2e)")
-    assert kv["dirty"] == pytest.approx(19368050688 / 3672299520) and kv["status"] == "MISSED"
+    assert kv["dirty"] == pytest.approx(19368050688 / 3672299520)
+    # 772 bytes a token and layer against 4096, and the 128-token bf16 window: 5.28x, below 5.3x for any kernel
+    assert kv["ceiling"] == pytest.approx(131072 * 4096 / (131072 * 772 + 128 * 4096))
+    assert kv["status"] == "MISSED, beyond the format's cap"
     big = row(rows, "e2e tokens/s, largest 128K batch", "qwen3-8b (e2e)")
     assert "3 vs 17 seqs" in big["target"] and big["status"] == "met"
     text = bc.format_targets(rows)
