@@ -33,7 +33,9 @@ def test_targets_of_run107():
     big = row(rows, "e2e tokens/s, largest 128K batch", "qwen3-8b (e2e)")
     assert "3 vs 17 seqs" in big["target"] and big["status"] == "met"
     text = bc.format_targets(rows)
-    assert "decode 1 x 128K vs best BF16" in text and f"of {len(rows)} met" in text
+    assert "decode 1 x 128K vs best BF16" in text
+    # a row met after the read-only flush alone is counted apart (run 107: the thinker's 16 x 32K bandwidth)
+    assert "18 of 30 met after both flushes, 1 after the read-only one only, 11 missed" in text
 
 
 @pytest.mark.parametrize("flushes, want", [
