@@ -278,7 +278,8 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     (`_best_plan`); beyond, `plan_splits`'s wave rule decides. A plan of a few waves in which the folded window
     would weigh >= 1/4 of a split gives the windows their own CTAs instead, started last (`waves_with_window`,
     `cta_order`; 64x4K: 2 splits + 512 window CTAs, 99.7 us after the dirty flush, against 3 splits with the window
-    folded 105.8, runs 80-81)."""
+    folded 105.8, runs 80-81). A one-wave plan of two splits per row whose rows fill each SM's first slot makes the
+    first split the longer and starts it first (`paired_splits`; 16x32K about 1 us, runs 125-127)."""
     slots = sms * min_blocks
     auto = window_cta is None
     if auto:
