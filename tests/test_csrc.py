@@ -32,6 +32,20 @@ def test_sources_compile_for_sm90a(tmp_path):
         assert kernel in res.stderr, f"{kernel} was not compiled"
 
 
+def test_row_kernel_rule():
+    # One rule on both sides: Python's (recorded in launch_plan) and the header's default, which the build overrides
+    # with Python's value. The thinker's 64 x 4K plan (256 rows of one split, window folded) takes the row kernel.
+    text = (kcuda.CSRC / "include" / "oscar_combine.cuh").read_text()
+    assert f"#define OSCAR_ROW_KERNEL_TOKENS {kcuda.ROW_KERNEL_TOKENS} " in text
+    assert f"-DOSCAR_ROW_KERNEL_TOKENS={kcuda.ROW_KERNEL_TOKENS}" in kcuda.build_flags(128, "90a", 3)
+    split_tokens, splits, window_cta = kcuda.decode_plan(3968, 64 * 4, 132, 3, 128)
+    assert (splits, window_cta) == (1, False) and kcuda.row_kernel(3968, splits, window_cta, rotate_out=False)
+    assert not kcuda.row_kernel(3968, 1, False, rotate_out=True)  # V rotated in the cache: the merge rotates back
+    assert not kcuda.row_kernel(3968, 2, False, False) and not kcuda.row_kernel(3968, 1, True, False)
+    assert kcuda.row_kernel(kcuda.ROW_KERNEL_TOKENS, 1, False, False)
+    assert not kcuda.row_kernel(kcuda.ROW_KERNEL_TOKENS + 128, 1, False, False)  # long rows: the split kernel
+
+
 def test_specialization_names_are_deterministic():
     a = kcuda.specialization_name(128, "90a", 2)
     assert a == kcuda.specialization_name(128, "90a", 2)
@@ -66,9 +80,10 @@ def test_cuda_decode_matches_oracle(group, d, rotate_values, window_cta):
 @needs_gpu
 @pytest.mark.parametrize("group,d,rotate_values", [(4, 128, False), (8, 128, False), (1, 64, False), (8, 128, True)])
 def test_cuda_decode_one_cta_per_row(group, d, rotate_values):
-    # Rows of one split with the window folded into its CTA (the thinker's 64 x 4K plan), V's rotation in the weights or
-    # in the cache; a row with no quantized tokens and one with no window are in the batch. The merge leaves its
-    # counters at zero, so a second call gives the same bits.
+    # Rows of one split with the window folded into its CTA (the thinker's 64 x 4K plan), V's rotation in the weights
+    # (decode_row_kernel: the window after the groups in one state, no merge) or in the cache (decode_split_kernel and
+    # its merge, which rotates back); a row with no quantized tokens and one with no window are in the batch. The merge
+    # leaves its counters at zero, so a second call gives the same bits; 5 splits (decode_split_kernel) agree.
     kv = random_packed_kv(4, 2, 640, 77, d, seed=3 * group + d, device="cuda", rotate_values=rotate_values)
     kv_lens, res_lens = [640, 333, 0, 97], [77, 1, 40, 0]
     q = torch.randn(4, 2 * group, 1, d, generator=torch.Generator().manual_seed(group)).to(torch.bfloat16).cuda()

@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
     init_state<D, NT>(w);
     residual_part<D, NT, T>(p, b, h, w, sm.res[warp]);
     finish_state<D, NT>(w);
-    write_partial<D, NT>(p, bh, p.num_splits, w, sm);
+    write_partial<D, NT, T>(p, bh, p.num_splits, w, sm, false);
     ++arrivals;
   }
   if (split >= 0 && split < p.num_splits) {
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
     quantized_part<D, NT, T>(p, b, bh, split, w, sm);
     finish_state<D, NT>(w);
     trace_stamp(p, 2);
-    write_partial<D, NT>(p, bh, split, w, sm);
+    write_partial<D, NT, T>(p, bh, split, w, sm, false);
     ++arrivals;
   }
   // The barrier orders every thread's partial before thread 0's arrival, an acq_rel atomic: it releases them to the
@@ -272,34 +272,72 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
   trace_stamp(p, 4);
 }
 
+// A row of one CTA (one split, the window folded, V's rotation in the weights: the batched plans of short rows, the
+// thinker's 64 x 4K): the split's groups, then the window in the same online-softmax state (one basis), then the row's
+// normalized output, with no partial, no counter and no merge. Window last: every CTA's stream starts at once, where
+// decode_split_kernel's folded window comes first, a phase in which all CTAs read windows (run 122: 6-8 us at the
+// thinker's 64 x 4K, 16.8 MB). A kernel of its own: the same change inside decode_split_kernel (run 123) cost the
+// plans of several CTAs a row 1-2.5 us after the read-only flush, and window last there measured slower (run 130).
+template <int D, int NT, typename T>
+__global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_row_kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  DecodeSmem<D, NT>& sm = *reinterpret_cast<DecodeSmem<D, NT>*>(smem_raw);
+  const int64_t bh = blockIdx.y;
+  const int b = static_cast<int>(bh / p.kv_heads), h = static_cast<int>(bh % p.kv_heads);
+  WarpState<D, NT> w;
+  trace_stamp(p, 0);
+  quantized_part<D, NT, T>(p, b, bh, 0, w, sm);
+  trace_stamp(p, 2);
+  __syncthreads();  // a warp's window tiles alias other warps' stages
+  residual_part<D, NT, T>(p, b, h, w, sm.res[threadIdx.x >> 5]);
+  finish_state<D, NT>(w);
+  write_partial<D, NT, T>(p, bh, 0, w, sm, true);
+  trace_stamp(p, 3);
+}
+
+#ifndef OSCAR_ROW_KERNEL_TOKENS
+#define OSCAR_ROW_KERNEL_TOKENS 24576  // quant/kernels/cuda.py ROW_KERNEL_TOKENS passes its value
+#endif
+
+// Rows of one CTA up to OSCAR_ROW_KERNEL_TOKENS packed tokens go to decode_row_kernel. Its group loop compiles to ~5%
+// more instructions than decode_split_kernel's (address arithmetic rematerialized), which after the read-only flush
+// costs about 0.5 us per 1K tokens of a row; the window phase and merge it saves are worth 5-9 us (run 132, 256 rows,
+// dirty / read-only flush us against decode_split_kernel: 4K -8.4 / -6.0, 8K -8.6 / -3.3, 16K -5.5 / +0.4, 32K
+// -0.3 / +8.8).
+__host__ __device__ __forceinline__ bool row_kernel(const DecodeParams& p) {
+  return !p.window_cta && p.num_splits == 1 && !p.rotate_out && p.tokens <= OSCAR_ROW_KERNEL_TOKENS;
+}
+
 namespace {
 // Devices on which a specialization's shared-memory limit is raised. Internal linkage on purpose: a function-local
 // static of an inline template is one symbol across every loaded module (STB_GNU_UNIQUE), so a second build of the
 // same kernels in one process (min_blocks=2 beside 3) skipped its own setup and failed to launch (run 28).
-template <int D, int NT, typename T, bool kGroups>
+template <int D, int NT, typename T, int kKind>
 bool decode_configured[64] = {};
 }  // namespace
 
-template <int D, int NT, typename T, bool kGroups>
+// kKind 0: decode_split_kernel; 1: the same with a two-level merge; 2: decode_row_kernel.
+template <int D, int NT, typename T, int kKind>
 cudaError_t launch_decode_kernel(const DecodeParams& p, int batch, cudaStream_t stream) {
+  void (*kernel)(DecodeParams) = kKind == 2 ? decode_row_kernel<D, NT, T> : decode_split_kernel<D, NT, T, kKind == 1>;
   const size_t smem = sizeof(DecodeSmem<D, NT>);
   int dev = 0;
   cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64 || !decode_configured<D, NT, T, kGroups>[dev]) {
-    const cudaError_t e = cudaFuncSetAttribute(decode_split_kernel<D, NT, T, kGroups>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (dev < 0 || dev >= 64 || !decode_configured<D, NT, T, kKind>[dev]) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
-    if (dev >= 0 && dev < 64) decode_configured<D, NT, T, kGroups>[dev] = true;
+    if (dev >= 0 && dev < 64) decode_configured<D, NT, T, kKind>[dev] = true;
   }
   const int ctas = p.window_cta ? p.num_splits + 1 : max(p.num_splits, 1);
-  decode_split_kernel<D, NT, T, kGroups><<<dim3(ctas, batch * p.kv_heads), kThreads, smem, stream>>>(p);
+  kernel<<<dim3(ctas, batch * p.kv_heads), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <int D, int NT, typename T>
 cudaError_t launch_decode_nt(const DecodeParams& p, int batch, cudaStream_t stream) {
-  return grouped_launch(p) ? launch_decode_kernel<D, NT, T, true>(p, batch, stream)
-                           : launch_decode_kernel<D, NT, T, false>(p, batch, stream);
+  if (row_kernel(p)) return launch_decode_kernel<D, NT, T, 2>(p, batch, stream);
+  return grouped_launch(p) ? launch_decode_kernel<D, NT, T, 1>(p, batch, stream)
+                           : launch_decode_kernel<D, NT, T, 0>(p, batch, stream);
 }
 
 // Host: one launch (splits, the window folded into the last split's CTA, the merge in the last CTA to

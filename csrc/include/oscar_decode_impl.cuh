@@ -265,9 +265,11 @@ __device__ void residual_part(const DecodeParams& p, int b, int h, WarpState<D, 
   }
 }
 
-// Merge the 4 warps' states and write this split's partial (valid rows only).
-template <int D, int NT>
-__device__ void write_partial(const DecodeParams& p, int64_t bh, int split, WarpState<D, NT>& w, DecodeSmem<D, NT>& sm) {
+// Merge the 4 warps' states and write this split's partial (valid rows only), or with `direct` (a row of one CTA whose
+// state holds its window too) the row's normalized output itself.
+template <int D, int NT, typename T>
+__device__ void write_partial(const DecodeParams& p, int64_t bh, int split, WarpState<D, NT>& w, DecodeSmem<D, NT>& sm,
+                              bool direct) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   __syncthreads();  // acc aliases the stages other warps may still be reading
 #pragma unroll
@@ -293,6 +295,12 @@ __device__ void write_partial(const DecodeParams& p, int64_t bh, int split, Warp
       const float a = exp2f(sm.m[k][r] - m);
       l += a * sm.l[k][r];
       o += a * sm.acc[k][r][d];
+    }
+    if (direct) {
+      const int b = static_cast<int>(bh / p.kv_heads), h = static_cast<int>(bh % p.kv_heads);
+      const int64_t head = static_cast<int64_t>(b) * p.kv_heads * p.group + h * p.group + r % p.group;
+      static_cast<T*>(p.out)[(head * p.lq + r / p.group) * D + d] = from_float<T>(o / l);
+      continue;
     }
     p.part_o[(slot * rows + r) * D + d] = o;
     if (d == 0) {

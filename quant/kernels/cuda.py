@@ -44,12 +44,23 @@ def target_arch(device: torch.device | None = None) -> str:
     return "90a" if (major, minor) == (9, 0) else f"{major}{minor}"
 
 
+# Rows of one CTA (one split, the window folded, V's rotation in the weights) of at most this many packed tokens run
+# csrc's decode_row_kernel: the window after the groups in the same state, the output written without a merge
+# (oscar_combine.cuh; longer rows lose more in its group loop than they save, run 132).
+ROW_KERNEL_TOKENS = 24576
+
+
 def build_flags(head_dim: int, arch: str, min_blocks: int) -> list[str]:
     """nvcc flags of one specialization; OSCAR_KERNEL_FLAGS (e.g. "-DOSCAR_STAGES=5") adds flags for experiments
     (they enter the build's name, so each experiment gets its own build)."""
     extra = os.environ.get("OSCAR_KERNEL_FLAGS", "").split()
     return ["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-DOSCAR_HEAD_DIM={head_dim}",
-            f"-DOSCAR_MIN_BLOCKS={min_blocks}", "-lineinfo", *extra]
+            f"-DOSCAR_MIN_BLOCKS={min_blocks}", f"-DOSCAR_ROW_KERNEL_TOKENS={ROW_KERNEL_TOKENS}", "-lineinfo", *extra]
+
+
+def row_kernel(tokens: int, splits: int, window_cta: bool, rotate_out: bool) -> bool:
+    """Whether the decode launches decode_row_kernel (csrc/include/oscar_combine.cuh's row_kernel, the same rule)."""
+    return not window_cta and splits == 1 and not rotate_out and tokens <= ROW_KERNEL_TOKENS
 
 
 def specialization_name(head_dim: int, arch: str, min_blocks: int) -> str:
@@ -301,15 +312,16 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
 
 def launch_plan(query: torch.Tensor, kv: PackedKV, min_blocks: int = 3) -> dict:
     """The decode's planned launch for these inputs, as `decode_attention` makes it: splits, their tokens, the
-    window's placement, the CTA order, the merge's groups and the grid's CTAs (recorded per point by `oscar-eval
-    bench`)."""
+    window's placement, the CTA order, the merge's groups, the grid's CTAs and the kernel ("row": decode_row_kernel,
+    else decode_split_kernel; recorded per point by `oscar-eval bench`)."""
     x = prepare_decode(query, kv, rotate_query=False, order="frag")
     rows, slots = x.batch * x.kv_heads, num_sms(query.device) * min_blocks
     split, splits, window_cta = decode_plan(x.tokens, rows, num_sms(query.device), min_blocks, x.residual)
     return {"splits": splits, "split_tokens": split, "window_cta": window_cta,
             "order": cta_order(rows, splits, window_cta, slots, num_sms(query.device)),
             "merge_group": merge_plan(splits, x.group * x.lq, x.head_dim, window_cta),
-            "ctas": (splits + window_cta if splits else 1) * rows}
+            "ctas": (splits + window_cta if splits else 1) * rows,
+            "kernel": "row" if row_kernel(x.tokens, splits, window_cta, kv.rotate_out) else "split"}
 
 
 def waves_with_window(tokens: int, rows: int, slots: int, most: int = 8) -> tuple[int, int]:

@@ -130,7 +130,8 @@ def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None, merge_group
 
 def summarize_trace(stamps: torch.Tensor) -> dict:
     """Phase summary of per-CTA stamps [CTAs, 8] (the kernel's trace_stamp: 0 start, 1 query ready, 2 main
-    loop done, 3 partial written and counted (a window CTA: its window partial written), 6 the last CTA of a two-level
+    loop done, 3 partial written and counted (a window CTA: its window partial written; decode_row_kernel: its window
+    attended and the row's output written), 6 the last CTA of a two-level
     merge's group: its group merged and counted, 5 the merge's partials loaded and summed, 4 merge done, 7 SM id;
     0 = not reached). Each phase as [min, median, p90, max] in us, times
     from the first CTA's start. CTAs without a quantized split (a separate window CTA) report their window under
