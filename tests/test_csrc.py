@@ -78,15 +78,21 @@ def test_cuda_decode_matches_oracle(group, d, rotate_values, window_cta):
 
 
 @needs_gpu
-@pytest.mark.parametrize("group,d,rotate_values", [(4, 128, False), (8, 128, False), (1, 64, False), (8, 128, True)])
-def test_cuda_decode_one_cta_per_row(group, d, rotate_values):
+@pytest.mark.parametrize("group,d,rotate_values,lq,dtype", [
+    (4, 128, False, 1, torch.bfloat16), (8, 128, False, 1, torch.bfloat16), (1, 64, False, 1, torch.bfloat16),
+    (8, 128, True, 1, torch.bfloat16), (8, 128, False, 2, torch.bfloat16), (4, 64, False, 3, torch.bfloat16),
+    (4, 128, False, 1, torch.float16)])
+def test_cuda_decode_one_cta_per_row(group, d, rotate_values, lq, dtype):
     # Rows of one split with the window folded into its CTA (the thinker's 64 x 4K plan), V's rotation in the weights
     # (decode_row_kernel: the window after the groups in one state, no merge) or in the cache (decode_split_kernel and
     # its merge, which rotates back); a row with no quantized tokens and one with no window are in the batch. The merge
-    # leaves its counters at zero, so a second call gives the same bits; 5 splits (decode_split_kernel) agree.
-    kv = random_packed_kv(4, 2, 640, 77, d, seed=3 * group + d, device="cuda", rotate_values=rotate_values)
-    kv_lens, res_lens = [640, 333, 0, 97], [77, 1, 40, 0]
-    q = torch.randn(4, 2 * group, 1, d, generator=torch.Generator().manual_seed(group)).to(torch.bfloat16).cuda()
+    # leaves its counters at zero, so a second call gives the same bits; 5 splits (decode_split_kernel) agree. Lq > 1
+    # (speculative tokens, causal inside the window; 16 and 12 query rows: the two-tile kernels) and an fp16 model too.
+    # (A row whose window holds fewer than Lq - 1 of its new tokens is refused: the kernels do not mask packed tokens.)
+    kv = random_packed_kv(4, 2, 640, 77, d, seed=3 * group + d + lq, device="cuda", rotate_values=rotate_values,
+                          res_dtype=dtype)
+    kv_lens, res_lens = [640, 333, 0, 97], [77, 3, 40, lq - 1]  # the last: the first new token packed (Lq > 1)
+    q = torch.randn(4, 2 * group, lq, d, generator=torch.Generator().manual_seed(group)).to(dtype).cuda()
     ref = attention_f64(q.cpu(), kv, d**-0.5, kv_lens, res_lens)
     budget = relative_error(attention_bf16(q.cpu(), kv, d**-0.5, kv_lens, res_lens), ref)
     outs = []

@@ -119,13 +119,25 @@ def test_decode_matches_quant_attention_reference():
     assert relative_error(out, packed_attention_reference(q, kv, 0.125).double()) < 1e-2
 
 
+def test_decode_with_the_first_new_token_packed():
+    # A flush may pack the first of Lq new tokens (res_len = Lq - 1): it sees every packed token (itself the last),
+    # the others the window causally; the oracle masks packed tokens too, so this checks that nothing more is needed.
+    kv = make_cache(2, 2, 128, 6, 64, seed=31)
+    q = torch.randn(2, 8, 3, 64, generator=torch.Generator().manual_seed(32)).to(torch.bfloat16).to(DEV)
+    ref = attention_f64(q, kv, 0.125, None, [2, 6])
+    out = triton_decode.decode_attention(q, kv, 0.125, res_lens=[2, 6], split_tokens=128)
+    assert relative_error(out, ref) <= 2 * relative_error(attention_bf16(q, kv, 0.125, None, [2, 6]), ref)
+
+
 def test_decode_rejects_bad_lengths():
     kv = make_cache(1, 1, 32, 4, 64, seed=9)
     q = torch.randn(1, 4, 1, 64).to(torch.bfloat16).to(DEV)
     with pytest.raises(ValueError, match="kv_lens must lie in"):
         triton_decode.decode_attention(q, kv, 0.1, kv_lens=[33])
     with pytest.raises(ValueError, match="only 4 in the full-precision window"):
-        triton_decode.decode_attention(torch.randn(1, 4, 5, 64).to(DEV), kv, 0.1)
+        triton_decode.decode_attention(torch.randn(1, 4, 6, 64).to(DEV), kv, 0.1)
+    with pytest.raises(ValueError, match="only 2 in the full-precision window"):  # per-sequence lengths on the host
+        triton_decode.decode_attention(torch.randn(1, 4, 4, 64).to(DEV), kv, 0.1, res_lens=[2])
     with pytest.raises(ValueError, match="must be a positive multiple of 128"):
         triton_decode.decode_attention(q, kv, 0.1, split_tokens=48)
     with pytest.raises(ValueError, match="multiple of KV heads"):

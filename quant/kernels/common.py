@@ -110,10 +110,15 @@ def prepare_decode(query: torch.Tensor, kv: PackedKV, kv_lens=None, res_lens=Non
     if tuple(kv.k_res.shape) != (b, hkv, tr, d) or kv.v_res.shape != kv.k_res.shape:
         raise ValueError(f"residual K/V must be [B={b}, Hkv, Tr, D={d}], got {tuple(kv.k_res.shape)} and "
                          f"{tuple(kv.v_res.shape)}")
-    if lq > 1 and res_lens is None and tr < lq:
-        # The kernels mask causally inside the window only: the Lq new tokens must all be there.
-        raise ValueError(f"{lq} query tokens but only {tr} in the full-precision window (a flush just packed "
-                         "some of them): use backend='torch' for this step")
+    # The kernels mask causally inside the window only, so of the Lq new tokens only the first may be packed (it sees
+    # every packed token, itself the last); where a flush packed more of them, the torch path masks packed tokens too.
+    # Host lengths are checked; device lengths are trusted (reading them back would stall every decode step).
+    short = [] if lq == 1 else [tr] if res_lens is None else [] if isinstance(res_lens, torch.Tensor) and \
+        res_lens.is_cuda else [int(r) for r in torch.as_tensor(res_lens).reshape(-1)]
+    if any(r < lq - 1 for r in short):
+        raise ValueError(f"{lq} query tokens but only {min(short)} in the full-precision window (a flush just packed "
+                         f"{lq - min(short)} of them; the kernels need >= {lq - 1} there): use backend='torch' for "
+                         "this step")
     dev = query.device
     if kv.k is None:
         t = 0
