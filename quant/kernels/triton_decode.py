@@ -345,7 +345,9 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, spl
 
     kv: quant.packed.PackedKV, codes best in the "tl" order (PackedDecodeLayer keeps them so for this backend);
     another order is converted on every call (correct, slow), and a token count that is not a multiple of 128 is
-    padded first. kv_lens / res_lens: valid quantized / residual tokens per sequence (default: all stored).
+    padded first. kv_lens / res_lens: valid quantized / residual tokens per sequence (default: all stored). Lq > 1
+    (speculative tokens): the newest Lq tokens, causal among themselves; at least Lq - 1 of them must be in each
+    sequence's window (the kernels mask inside the window only; host lengths are checked, quant.kernels.common).
     split_tokens: tokens per split, a multiple of 128 (default: plan_splits, with `waves` and the compiled kernel's
     programs per SM). The launch's tuning: num_warps, num_stages (Triton's software pipelining; None: its default),
     maxnreg (a register cap per thread; None: the compiler's choice). The helper study measured 4 warps and the
