@@ -372,7 +372,17 @@ def test_decode_plan_picks_the_single_wave_whose_slowest_sm_ends_first():
     assert kcuda.decode_plan(130944, 8, 132, 3, 64) == (4096, 32, True)
     assert kcuda.slowest_sm(130944, 8, 3968, 33, 132, True, 64) > 1.4 * kcuda.slowest_sm(130944, 8, 4096, 32, 132,
                                                                                             True, 64)
-    assert kcuda.decode_plan(130944, 32, 132, 3, 64) == (11904, 11, True)
+    # 32 rows (LLaVA 1 x 128K): 8 splits with the window folded, two long CTAs on 124 SMs, beat 11 splits and the window
+    # CTAs, three long CTAs on 110 SMs (run 138: 171.7 / 158.6 -> 161.2 / 150.6 us); the model says so too
+    assert kcuda.decode_plan(130944, 32, 132, 3, 64) == (16512, 8, False)
+    assert kcuda.decode_plan(130944, 32, 132, 3, 64, window_cta=True) == (11904, 11, True)
+    assert kcuda.slowest_sm(130944, 32, 16512, 8, 132, False, 64) < kcuda.slowest_sm(130944, 32, 11904, 11, 132,
+                                                                                         True, 64)
+    assert kcuda.decode_plan(32640, 32, 132, 3, 128) == (4224, 8, False)  # LLaVA 1 x 32K (was 7 and window CTAs)
+    # a folded plan of one CTA an SM lost where the model preferred it (LLaVA 1 x 8K: 4 folded splits, 128 CTAs, +12%
+    # after the read-only flush, run 138): the window CTAs stay
+    assert kcuda.decode_plan(8064, 32, 132, 3, 128, window_cta=False) == (2304, 4, False)
+    assert kcuda.decode_plan(8064, 32, 132, 3, 128) == (1152, 7, True)
     # 16 x 32K: the first split (each SM's first CTA) 8% longer than the second with the window (run 125)
     assert kcuda.decode_plan(32640, 128, 132, 3, 128) == (17280, 2, False)
     assert 17280 / (32640 - 17280 + 128 * kcuda.WINDOW_TOKEN_WEIGHT) == pytest.approx(kcuda.FIRST_CTA_SHARE, abs=0.01)

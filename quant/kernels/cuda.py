@@ -284,13 +284,20 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     A single wave is planned by where its slowest SM ends (`slowest_sm`): the block scheduler deals CTA i to the
     same SM as CTA i + sms (H100 traces, runs 31-35), so a split count that puts three long CTAs on a few SMs
     while the rest hold two ends late. On the H100 (clean L2): 1x128K 32 splits (2 long CTAs on every SM) 48.1
-    us, 47 (3 on 112 SMs) 51.9, 33 (3 long on 6 SMs) 62.5; llava 1x128K 11 splits 157.9, 7 165.8, 8 202.7;
+    us, 47 (3 on 112 SMs) 51.9, 33 (3 long on 6 SMs) 62.5; llava 1x128K with window CTAs 11 splits 157.9, 7 165.8, 8 202.7;
     16x32K 2 splits 154.6, 3 158.3 (runs 32-35). While the rows fit one wave, plans of several waves compete too
     (`_best_plan`); beyond, `plan_splits`'s wave rule decides. A plan of a few waves in which the folded window
     would weigh >= 1/4 of a split gives the windows their own CTAs instead, started last (`waves_with_window`,
     `cta_order`; 64x4K: 2 splits + 512 window CTAs, 99.7 us after the dirty flush, against 3 splits with the window
     folded 105.8, runs 80-81). A one-wave plan of two splits per row whose rows fill each SM's first slot makes the
-    first split the longer and starts it first (`paired_splits`; 16x32K about 1 us, runs 125-127)."""
+    first split the longer and starts it first (`paired_splits`; 16x32K about 1 us, runs 125-127).
+
+    Where `separate_window` gives the window its own CTA, the best one-wave plan with the window folded competes too,
+    and wins where its slowest SM ends sooner and its grid puts more than one CTA on an SM. Rows of 32 x 128K: 11
+    splits and 32 window CTAs put three 11.9K-token splits on 110 SMs and three window CTAs on 11; 8 splits with the
+    window folded put two 16.5K-token splits on 124 SMs: 171.7 / 158.6 -> 161.2 / 150.6 us (LLaVA 1 x 128K, dirty /
+    read-only flush, run 138; 3-8% at every such plan of >= 16K tokens measured). Folded plans of one CTA an SM (8K
+    tokens and less) lost up to 12% (LLaVA 1 x 8K, 7 splits and window CTAs against 4 folded), so they stay out."""
     slots = sms * min_blocks
     auto = window_cta is None
     if auto:
@@ -300,7 +307,11 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     if tokens == 0 or rows > room:
         split, n = plan_splits(tokens, rows, room, window=window)
     else:
-        split, n, window_cta = _best_plan(tokens, rows, sms, room, -(-residual // 32) * 32, window_cta)
+        split, n, window_cta, cost = _best_plan(tokens, rows, sms, room, -(-residual // 32) * 32, window_cta)
+        if auto and window_cta:  # the window folded, where that wave's slowest SM ends sooner with > 1 CTA an SM
+            folded = _best_plan(tokens, rows, sms, slots, -(-residual // 32) * 32, False)
+            if folded[3] < cost - 1e-6 and rows * folded[1] > sms:
+                split, n, window_cta = folded[:3]
     if residual and tokens and rows * (n + window_cta) > slots and (window_cta or (
             auto and residual * WINDOW_TOKEN_WEIGHT >= split / 4 and rows * n <= 8 * slots)):
         split, n = waves_with_window(tokens, rows, slots)
@@ -414,7 +425,7 @@ def _best_plan(tokens: int, rows: int, sms: int, room: int, residual: int, windo
         cost = waves_cost(cta_costs(tokens, split, n, window_cta, residual) * rows, sms, max(1, room // sms))
         if best is None or cost < best[0] - 1e-6:
             best = (cost, split, n)
-    return best[1], best[2], window_cta
+    return best[1], best[2], window_cta, best[0]
 
 
 def plan_splits(tokens: int, rows: int, slots: int, block: int = 128, most: int = 8, window: int = 0,
@@ -487,7 +498,7 @@ def separate_window(rows: int, slots: int) -> bool:
     """Whether the window gets its own CTA: it runs once per step from a cold instruction cache (4 us at 1x4K,
     13 us at 1x128K beside the splits' DRAM traffic, run 19), so off the splits' critical path it is hidden, but
     it takes a resident slot per row: worth it when one wave holds the window CTAs beside >= 8 splits per row
-    (batch-1 steps), not for batched steps."""
+    (batch-1 steps), not for batched steps. `decode_plan` still weighs the folded plan against it."""
     return rows * 9 <= slots
 
 
