@@ -284,8 +284,8 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     A single wave is planned by where its slowest SM ends (`slowest_sm`): the block scheduler deals CTA i to the
     same SM as CTA i + sms (H100 traces, runs 31-35), so a split count that puts three long CTAs on a few SMs
     while the rest hold two ends late. On the H100 (clean L2): 1x128K 32 splits (2 long CTAs on every SM) 48.1
-    us, 47 (3 on 112 SMs) 51.9, 33 (3 long on 6 SMs) 62.5; llava 1x128K with window CTAs 11 splits 157.9, 7 165.8, 8 202.7;
-    16x32K 2 splits 154.6, 3 158.3 (runs 32-35). While the rows fit one wave, plans of several waves compete too
+    us, 47 (3 on 112 SMs) 51.9, 33 (3 long on 6 SMs) 62.5; llava 1x128K with window CTAs 11 splits 157.9, 7 165.8,
+    8 202.7; 16x32K 2 splits 154.6, 3 158.3 (runs 32-35). While the rows fit one wave, plans of several waves compete too
     (`_best_plan`); beyond, `plan_splits`'s wave rule decides. A plan of a few waves in which the folded window
     would weigh >= 1/4 of a split gives the windows their own CTAs instead, started last (`waves_with_window`,
     `cta_order`; 64x4K: 2 splits + 512 window CTAs, 99.7 us after the dirty flush, against 3 splits with the window
