@@ -307,8 +307,9 @@ def format_changes(rows: list[dict], max_slowdown: float, show_all: bool = False
     geo = math.exp(sum(math.log1p(c) for c in gated) / len(gated)) - 1 if gated else math.nan
     if n_reg:
         lines.append("re-measure a flagged point before blaming the code (oscar-eval bench --what kernels --shapes S "
-                     "--points BxT): graph replays after do_bench's flush took 607.5 and 684.5 us in two back-to-back "
-                     "runs of the same code at LLaVA 16 x 32K, its eager and clean times steady (run 118)")
+                     "--points BxT, on a fresh machine if it repeats): at LLaVA 16 x 32K the graph replay after "
+                     "do_bench's flush takes 607 or 682-684 us by process and machine with the same code, its eager "
+                     "and clean times steady (runs 118, 139-143)")
     lines.append(f"{len(rows)} times in both runs, {len(gated)} of them gated (GPU-bound OScaR times: geometric mean "
                  f"change {100 * geo:+.1f}%, {n_reg} regression(s) beyond {100 * max_slowdown:g}%)"
                  + ("" if show_all else "; --all lists every time, the BF16 baselines and eager times too"))
