@@ -285,8 +285,8 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     same SM as CTA i + sms (H100 traces, runs 31-35), so a split count that puts three long CTAs on a few SMs
     while the rest hold two ends late. On the H100 (clean L2): 1x128K 32 splits (2 long CTAs on every SM) 48.1
     us, 47 (3 on 112 SMs) 51.9, 33 (3 long on 6 SMs) 62.5; llava 1x128K with window CTAs 11 splits 157.9, 7 165.8,
-    8 202.7; 16x32K 2 splits 154.6, 3 158.3 (runs 32-35). While the rows fit one wave, plans of several waves compete too
-    (`_best_plan`); beyond, `plan_splits`'s wave rule decides. A plan of a few waves in which the folded window
+    8 202.7; 16x32K 2 splits 154.6, 3 158.3 (runs 32-35). While the rows fit one wave, plans of several waves compete
+    too (`_best_plan`); beyond, `plan_splits`'s wave rule decides. A plan of a few waves in which the folded window
     would weigh >= 1/4 of a split gives the windows their own CTAs instead, started last (`waves_with_window`,
     `cta_order`; 64x4K: 2 splits + 512 window CTAs, 99.7 us after the dirty flush, against 3 splits with the window
     folded 105.8, runs 80-81). A one-wave plan of two splits per row whose rows fill each SM's first slot makes the
@@ -296,8 +296,10 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     and wins where its slowest SM ends sooner and its grid puts more than one CTA on an SM. Rows of 32 x 128K: 11
     splits and 32 window CTAs put three 11.9K-token splits on 110 SMs and three window CTAs on 11; 8 splits with the
     window folded put two 16.5K-token splits on 124 SMs: 171.7 / 158.6 -> 161.2 / 150.6 us (LLaVA 1 x 128K, dirty /
-    read-only flush, run 138; 3-8% at every such plan of >= 16K tokens measured). Folded plans of one CTA an SM (8K
-    tokens and less) lost up to 12% (LLaVA 1 x 8K, 7 splits and window CTAs against 4 folded), so they stay out."""
+    read-only flush, run 138). Of the other such plans (16K-128K tokens, 12-40 rows) measured in runs 138 and 140,
+    all but one gained 1-8% after the read-only flush, and none lost more than 0.3 us after the dirty one but Qwen3
+    3 x 16K (+1.3 us, +5%; +0.5 us clean). Folded plans of one CTA an SM (8K tokens and less) lost up to 12% (LLaVA 1 x 8K, 7 splits
+    and window CTAs against 4 folded), so they stay out."""
     slots = sms * min_blocks
     auto = window_cta is None
     if auto:
