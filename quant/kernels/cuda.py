@@ -298,8 +298,8 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     window folded put two 16.5K-token splits on 124 SMs: 171.7 / 158.6 -> 161.2 / 150.6 us (LLaVA 1 x 128K, dirty /
     read-only flush, run 138). Of the other such plans (16K-128K tokens, 12-40 rows) measured in runs 138 and 140,
     all but one gained 1-8% after the read-only flush, and none lost more than 0.3 us after the dirty one but Qwen3
-    3 x 16K (+1.3 us, +5%; +0.5 us clean). Folded plans of one CTA an SM (8K tokens and less) lost up to 12% (LLaVA 1 x 8K, 7 splits
-    and window CTAs against 4 folded), so they stay out."""
+    3 x 16K (+1.3 us, +5%; +0.5 us clean). Folded plans of one CTA an SM (8K tokens and less) lost up to 12% (LLaVA
+    1 x 8K, 7 splits and window CTAs against 4 folded), so they stay out."""
     slots = sms * min_blocks
     auto = window_cta is None
     if auto:
