@@ -141,7 +141,7 @@ __device__ void combine_group(const DecodeParams& p, int64_t bh, int first, int 
 // two-level merge's first level; then the parts are combined through shared memory, the window partial (loaded before
 // phase 1) joins there, and the rotation back runs in registers (fwht_lanes).
 template <int D, int NT, typename T, bool kGroups>
-__device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, NT>& sm) {
+__device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, NT>& sm, bool dry = false) {
   constexpr int kPerRow = D / 8, kSlots = kThreads / kPerRow;
   const int rows = p.group * p.lq, quant = p.num_splits;
   const int64_t base = bh * (p.num_splits + 1);
@@ -162,7 +162,7 @@ __device__ void combine_splits(const DecodeParams& p, int64_t bh, DecodeSmem<D, 
       big = sum_parts<D, NT>(sm, parts, rows, r, chunk, win.m, l, x);
     }
     if (p.rotate_out) fwht_lanes<D>(x);
-    if (r < rows) {
+    if (r < rows && !dry) {
       const float w_res = exp2f(win.m - big);
       const float inv_l = 1.f / (l + w_res * win.l);
       T y[8];
@@ -255,8 +255,21 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
                       : atomic_add_acq_rel(p.counters + bh, arrivals) + arrivals == expected;
   __syncthreads();
   trace_stamp(p, 3);
-  if (!sm.last) return;
-  if (kGroups && grouped) {
+#if OSCAR_WARM_MERGE
+  // Row 0's window CTA, done long before the splits, runs the merge's code (the same call site, so the same code)
+  // once without storing anything, so that the merging CTA fetches that code from L2 rather than DRAM: a read-only
+  // flush (or a step's weight GEMMs) leaves no kernel code in L2, and Qwen3's 1 x 4K merge took 2.8-3.1 us traced
+  // after it against 1.8-2.1 warm (run 146). Measured (run 147, H100, three passes, dirty / read-only flush us): the
+  // thinker's 1 x 128K 35.8 / 37.8 -> 36.0 / 35.7, 1 x 4K 13.0 / 14.3 -> 13.3 / 13.9, 16 x 32K (no window CTA; the
+  // build's code) 92.4 / 84.9 -> 92.5 / 83.4. Rows of 4 query rows (Qwen3) are left out: there it cost 1.3 us after
+  // the dirty flush at 1 x 128K and gained nothing. The build's code alone (148 registers where 155 were) moved
+  // LLaVA's 1 x 128K 149.5 -> 146.6 us after the read-only flush and nothing measured the other way (run 148).
+  const bool dry = !sm.last && p.window_cta && window && bh == 0 && p.group * p.lq >= OSCAR_WARM_MERGE_ROWS;
+#else
+  constexpr bool dry = false;
+#endif
+  if (!sm.last && !dry) return;
+  if (kGroups && grouped) {  // (never the window's CTA, so never dry)
     combine_group<D, NT>(p, bh, g * p.merge_group, g_count, sm);
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -267,7 +280,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
     trace_stamp(p, 6);
     if (!sm.last) return;
   }
-  combine_splits<D, NT, T, kGroups>(p, bh, sm);
+  combine_splits<D, NT, T, kGroups>(p, bh, sm, dry);
+  if (dry) return;
   if (threadIdx.x == 0) p.counters[bh] = 0;  // ready for the next call
   trace_stamp(p, 4);
 }

@@ -14,6 +14,12 @@ constexpr int kMaxSplits = 1024;  // split-KV partials per (b, kv head), residua
 #ifndef OSCAR_STAGES
 #define OSCAR_STAGES 4  // an experiment's build flag (OSCAR_KERNEL_FLAGS, quant/kernels/cuda.py)
 #endif
+#ifndef OSCAR_WARM_MERGE
+#define OSCAR_WARM_MERGE 1  // row 0's window CTA runs the merge's code early (decode_split_kernel; 0 for A/B, run 147)
+#endif
+#ifndef OSCAR_WARM_MERGE_ROWS
+#define OSCAR_WARM_MERGE_ROWS 8  // ... where a row has at least this many query rows per KV head (the thinker's 8)
+#endif
 #ifndef OSCAR_EVICT_FIRST
 #define OSCAR_EVICT_FIRST 1  // stream the cache with an L2 evict-first policy (0: normal, for A/B; run 38)
 #endif

@@ -108,8 +108,11 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
             "flushed_us": flushed, "clean_us": clean, "warm_us": warm}
 
 
-def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None, merge_group: int | None = None) -> dict:
-    """One planned launch with per-CTA stamps; returns the phase summary (us) and the raw stamps."""
+def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None, merge_group: int | None = None,
+               flush: bool = False) -> dict:
+    """One planned launch with per-CTA stamps; returns the phase summary (us) and the raw stamps. flush: the traced
+    launch follows a read-only L2 flush (as `clean_l2_us` times it: data and kernel code out of L2), else two
+    launches of the same decode (a warm L2)."""
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
     rows = x.batch * x.kv_heads
     _, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual)
@@ -118,8 +121,11 @@ def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None, merge_group
     ctas = (splits + 1 if window else max(splits, 1)) * rows
     # the binding asks for (splits + 1) rows of stamps per (b, kv head) whatever the window's placement
     trace = torch.zeros((splits + 1) * rows * 8, dtype=torch.int64, device=q.device)
-    for _ in range(3):  # warm, then the traced launch is the last
+    buf = torch.ones(2**26, dtype=torch.float32, device=q.device) if flush else None
+    for i in range(3):  # warm, then the traced launch is the last
         trace.zero_()
+        if buf is not None and i == 2:
+            buf.sum()
         cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, min_blocks=min_blocks, order=order,
                               merge_group=merge_group)
     torch.cuda.synchronize()
@@ -175,6 +181,8 @@ def main() -> None:
                    help="merge groups to time each plan with, comma-separated: plan (cuda.merge_plan's choice), 0 (one "
                         "level), G (two levels, groups of G splits; with the window's own CTA)")
     p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
+    p.add_argument("--trace-flush", action="store_true",
+                   help="trace the launch after a read-only L2 flush (the clean-L2 timing's state), not warm")
     p.add_argument("--rotate-values", action="store_true",
                    help="V rotated in the cache (the merge rotates the output back), not in the model's weights")
     p.add_argument("--out", default=None)
@@ -200,7 +208,7 @@ def main() -> None:
                           f"  clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
         if a.trace:
             for merge in merges:
-                tr = trace_plan(q, kv, a.min_blocks, None if orders == [None] else orders[-1], merge)
+                tr = trace_plan(q, kv, a.min_blocks, None if orders == [None] else orders[-1], merge, a.trace_flush)
                 rows.append({"shape": a.shape, "batch": b, "context": ctx, "merge_group": merge, "trace": tr})
                 print(f"  trace (merge groups {merge}) {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, "
                       f"min/median/p90/max): start {tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} "
