@@ -452,6 +452,22 @@ def test_trace_summary_two_level_merge():
     assert s["end_us"] == 6.2 and s["tail_us"] == 3.0
 
 
+def test_trace_summary_ignores_the_early_merge_run():
+    # OSCAR_WARM_MERGE: row 0's window CTA runs the merge's code without storing anything. It stamps 5 (the merge's
+    # loads summed) but never 4 (merge done), so it counts as neither a merge nor the step's end.
+    from quant.kernels.sweep_splits import summarize_trace
+
+    base = 1_000_000
+    rows = [  # start, query ready, loop done, partial counted, merge done, merge's loads summed, -, SM
+        [base, 0, 0, base + 4000, 0, base + 6000, 0, 0],  # the window's CTA: arrived, then the early merge run
+        [base, base + 500, base + 9000, base + 10_000, 0, 0, 0, 1],
+        [base, base + 500, base + 9500, base + 10_500, base + 12_500, base + 11_500, 0, 2],  # the real merge
+    ]
+    s = summarize_trace(torch.tensor(rows, dtype=torch.int64))
+    assert s["merge_us"] == [2.0] * 4 and s["merge_loads_us"] == [1.0] * 4
+    assert s["end_us"] == 12.5 and s["window_us"] == [4.0] * 4
+
+
 def test_e2e_profile_groups_kernels_by_kind():
     # quant/kernels/profile_e2e.py: CUPTI kernel records of a decode step, grouped per step by kind.
     from quant.kernels.profile_e2e import kind_of, summarize_kernels
