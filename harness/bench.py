@@ -254,7 +254,9 @@ def summarize(row: dict, copy_bw: float) -> dict:
     if isinstance(row.get("floor_read_us"), float):  # the most any decode of these bytes could gain
         out["ceiling_speedup"] = best / row["floor_read_us"]
         out["ceiling_speedup_clean"] = best_clean / row["floor_read_clean_us"]
-    out["pack_step_frac_of_cuda_attention"] = (row["pack_block128_us"] / 128) / row.get("oscar_cuda_us", math.nan)
+    attention = row.get("oscar_cuda_us")  # an error's text where the CUDA decode failed: the row is kept, unrated
+    out["pack_step_frac_of_cuda_attention"] = ((row["pack_block128_us"] / 128) / attention
+                                               if isinstance(attention, float) else math.nan)
     out["pack_prefill_bw_frac"] = row["pack_prefill_bytes"] / (row["pack_prefill_us"] * 1e-6) / copy_bw
     if isinstance(row.get("pack_prefill_online_us"), float):  # V rotated in the pack too (value_rotation=online)
         out["pack_prefill_online_bw_frac"] = row["pack_prefill_bytes"] / (row["pack_prefill_online_us"] * 1e-6) / copy_bw
@@ -434,13 +436,20 @@ def largest_batch(model, cfg, kind, ctx, steps, backend, probe: dict | None = No
 
 
 def run_e2e(args) -> list[dict]:
+    import torch
+
     cfg = qwen3_8b_config()
     model = build_model(cfg)
     backend = [b for b in args.backends.split(",") if b][0].partition(":")[0]
     rows = []
     for ctx in (int(c) for c in args.e2e_contexts.split(",")):
         for kind in ("bf16", "oscar"):
-            rows.append(e2e_point(model, cfg, kind, 1, ctx, args.e2e_steps, backend))
+            try:
+                rows.append(e2e_point(model, cfg, kind, 1, ctx, args.e2e_steps, backend))
+            except Exception as e:  # noqa: BLE001  (one failing point must not lose the others: run 153's first try)
+                torch.cuda.empty_cache()
+                error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                rows.append({"kind": kind, "context": ctx, "error": error})
             print(_e2e_line(rows[-1]), flush=True)
     ctx = max(int(c) for c in args.e2e_contexts.split(","))
     for kind in ("bf16", "oscar"):

@@ -30,6 +30,16 @@ def test_summary_without_floor_has_no_ceiling():
     assert "read floor" not in _kernel_line({**row, **s})
 
 
+def test_summary_keeps_a_row_whose_cuda_decode_failed():
+    # a failed backend leaves its error's text in the row (run 153's first try): the row is summarized, not the bench
+    row = {"shape": "qwen3-8b", "batch": 1, "context": 32768, "sdpa_cudnn": 65.0, "oscar_bytes": 2.5e7,
+           "oscar_cuda_us": "RuntimeError: oscar decode launch failed: invalid argument", "pack_block128_us": 12.8,
+           "pack_prefill_us": 10.0, "pack_prefill_bytes": 1e7}
+    s = summarize(row, 3.0e12)
+    assert "speedup_cuda" not in s and s["pack_step_frac_of_cuda_attention"] != s["pack_step_frac_of_cuda_attention"]
+    _kernel_line({**row, **s})
+
+
 def test_largest_batch_is_sized_from_the_real_contexts_bytes():
     from harness.bench import batch_that_fits
 

@@ -30,6 +30,30 @@ def test_sources_compile_for_sm90a(tmp_path):
     assert (tmp_path / "check.o").stat().st_size > 0
     for kernel in ("decode_split_kernel", "pack_kernel", "gemv_kernel"):
         assert kernel in res.stderr, f"{kernel} was not compiled"
+    # No STB_GNU_UNIQUE symbols: one would be shared by every build loaded in a process (narrow and WIDE decode), so a
+    # launch's one-time setup done by one build would be skipped by the other (run 153)
+    if shutil.which("nm"):
+        syms = subprocess.run(["nm", "-C", str(tmp_path / "check.o")], capture_output=True, text=True).stdout
+        unique = [line for line in syms.splitlines() if line.split()[-2:-1] == ["u"] or " u " in line]
+        assert not unique, "\n".join(unique[:5])
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: install the CUDA toolkit to compile csrc/")
+def test_wide_decode_compiles_without_spills(tmp_path):
+    # The WIDE build (8-warp CTAs, one an SM: quant/kernels/cuda.py) of the decode kernels, both head dims and both
+    # window dtypes; its register budget (255 a thread) holds the two-tile kernels without local memory.
+    src = tmp_path / "wide.cu"
+    src.write_text('#include "include/oscar_decode.cuh"\n' + "".join(
+        f"template cudaError_t oscar::launch_decode<{d}, {t}>(const oscar::DecodeParams&, int, cudaStream_t);\n"
+        for d in (64, 128) for t in ("__half", "__nv_bfloat16")))
+    flags = kcuda.build_flags(128, "90a", *kcuda.WIDE)
+    assert "-DOSCAR_WARPS=8" in flags and "-DOSCAR_MIN_BLOCKS=1" in flags
+    cmd = [NVCC, "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-DOSCAR_WARPS=8",
+           "-DOSCAR_MIN_BLOCKS=1", "-I", str(kcuda.CSRC), "-Xptxas", "-v", "-c", str(src), "-o", str(tmp_path / "w.o")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    spills = [line for line in res.stderr.splitlines() if "spill stores" in line]
+    assert spills and all(line.strip().split()[4] == "0" for line in spills), "\n".join(spills)
 
 
 def test_row_kernel_rule():
@@ -51,6 +75,37 @@ def test_specialization_names_are_deterministic():
     assert a == kcuda.specialization_name(128, "90a", 2)
     assert a.startswith("oscar_d128_sm90a_b2_")
     assert len({a, kcuda.specialization_name(64, "90a", 2), kcuda.specialization_name(128, "90a", 3)}) == 3
+
+
+def test_wide_build_is_its_own_specialization():
+    narrow, wide = kcuda.specialization_name(128, "90a", 3), kcuda.specialization_name(128, "90a", 1, 8)
+    assert "_w" not in narrow and wide.startswith("oscar_d128_sm90a_b1_w8_") and narrow != wide
+    assert "-DOSCAR_WARPS=8" in kcuda.build_flags(128, "90a", 1, 8)
+    assert not any("OSCAR_WARPS" in f for f in kcuda.build_flags(128, "90a", 3))
+
+
+def test_wide_build_takes_the_batch_one_steps(monkeypatch):
+    # Off by default (OSCAR_WIDE_DECODE). On, with 132 SMs: the thinker's 4 KV heads at batch 1 (>= 32 SMs a row) at
+    # every length; Qwen3's 8 from 16K packed tokens (at 4K the narrow build measured faster, run 152); LLaVA's 32 and
+    # batched steps stay narrow.
+    spec = kcuda.specialization
+    monkeypatch.delenv("OSCAR_WIDE_DECODE", raising=False)
+    assert spec(130944, 4, 132) == kcuda.NARROW
+    monkeypatch.setenv("OSCAR_WIDE_DECODE", "1")
+    assert spec(3968, 4, 132) == kcuda.WIDE == (1, 8) and spec(130944, 4, 132) == kcuda.WIDE
+    assert spec(3968, 8, 132) == kcuda.NARROW == (3, 4) and spec(32640, 8, 132) == kcuda.WIDE
+    assert spec(130944, 32, 132) == kcuda.NARROW and spec(32640, 64, 132) == kcuda.NARROW
+    assert spec(32640, 16, 132) == kcuda.NARROW  # two sequences of Qwen3: 8 SMs a row
+    # a caller's choice stands; the other half of the pair comes from NARROW
+    assert spec(130944, 4, 132, min_blocks=3) == (3, 4) and spec(130944, 4, 132, min_blocks=1) == (1, 4)
+    assert spec(3968, 32, 132, warps=8) == (3, 8)
+    # the wide plans measured in run 152: one CTA an SM; a folded plan competes with the window CTAs there
+    assert kcuda.decode_plan(130944, 4, 132, 1, 64) == (4096, 32, True)  # thinker 1 x 128K: 132 CTAs
+    assert kcuda.decode_plan(32640, 4, 132, 1, 64) == (1024, 32, True)  # thinker 1 x 32K
+    assert kcuda.decode_plan(130944, 8, 132, 1, 64) == (8320, 16, False)  # Qwen3 1 x 128K: 128 CTAs
+    assert kcuda.decode_plan(32640, 8, 132, 1, 64) == (2176, 15, True)  # Qwen3 1 x 32K: 128 CTAs
+    # 256 threads merge twice the partials a round: the thinker's 32 splits in one level (narrow: 64 splits, two)
+    assert kcuda.merge_plan(32, 8, 128, True, 256) == 0 and kcuda.merge_plan(64, 8, 128, True) == 8
 
 
 def test_experiment_flags_get_their_own_build(monkeypatch):
@@ -123,6 +178,38 @@ def test_cuda_decode_launch_orders_agree_bit_for_bit(window_cta):
     assert relative_error(outs[1], ref) <= 2 * relative_error(attention_bf16(q.cpu(), kv, 0.088, kv_lens, res_lens), ref)
     with pytest.raises(ValueError, match="order must be"):
         kcuda.decode_attention(q, kv, 0.088, order=3)
+
+
+@needs_gpu
+@pytest.mark.parametrize("group,d,lq", [(1, 128, 1), (4, 128, 1), (8, 128, 1), (4, 64, 1), (8, 64, 1), (8, 128, 2)])
+def test_wide_decode_matches_oracle(group, d, lq):
+    # The WIDE build (8-warp CTAs, one an SM): many splits with the window folded or in its own CTA, the planner's
+    # split, a two-level merge, and rows of one CTA (decode_row_kernel); mixed lengths, an empty window, Lq 2.
+    kv = random_packed_kv(3, 2, 1280, 77, d, seed=group + d + lq, device="cuda", rotate_values=False)
+    kv_lens, res_lens = [1280, 333, 97], [77, lq - 1, 40]
+    q = torch.randn(3, 2 * group, lq, d, generator=torch.Generator().manual_seed(d)).to(torch.bfloat16).cuda()
+    ref = attention_f64(q.cpu(), kv, d**-0.5, kv_lens, res_lens)
+    budget = relative_error(attention_bf16(q.cpu(), kv, d**-0.5, kv_lens, res_lens), ref)
+    for opts in [dict(split_tokens=128, window_cta=False), dict(split_tokens=128, window_cta=True), {},
+                 dict(split_tokens=128, window_cta=True, merge_group=3), dict(split_tokens=1280, window_cta=False)]:
+        out = kcuda.decode_attention(q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, min_blocks=1, warps=8,
+                                     **opts)
+        assert torch.isfinite(out).all() and relative_error(out, ref) <= 2 * budget, opts
+    assert int(kcuda._counters(q.device, 64).count_nonzero()) == 0  # every merge left its counters at zero
+
+
+@needs_gpu
+def test_batch_one_decode_takes_the_wide_build(monkeypatch):
+    # The thinker's shape at batch 1 (4 KV heads of 8 query rows), OSCAR_WIDE_DECODE=1: the default launch is the WIDE
+    # build's, and it agrees with the narrow build's within the oracle's budget (both builds loaded in one process).
+    monkeypatch.setenv("OSCAR_WIDE_DECODE", "1")
+    kv = random_packed_kv(1, 4, 4096, 64, 128, seed=5, device="cuda", rotate_values=False)
+    q = torch.randn(1, 32, 1, 128, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).cuda()
+    assert kcuda.launch_plan(q, kv)["warps"] == 8 and kcuda.launch_plan(q, kv, min_blocks=3)["warps"] == 4
+    ref = attention_f64(q.cpu(), kv, 128**-0.5)
+    budget = relative_error(attention_bf16(q.cpu(), kv, 128**-0.5), ref)
+    wide, narrow = kcuda.decode_attention(q, kv, 128**-0.5), kcuda.decode_attention(q, kv, 128**-0.5, min_blocks=3)
+    assert relative_error(wide, ref) <= 2 * budget and relative_error(narrow, ref) <= 2 * budget
 
 
 @needs_gpu

@@ -322,13 +322,13 @@ __host__ __device__ __forceinline__ bool row_kernel(const DecodeParams& p) {
   return !p.window_cta && p.num_splits == 1 && !p.rotate_out && p.tokens <= OSCAR_ROW_KERNEL_TOKENS;
 }
 
-namespace {
-// Devices on which a specialization's shared-memory limit is raised. Internal linkage on purpose: a function-local
-// static of an inline template is one symbol across every loaded module (STB_GNU_UNIQUE), so a second build of the
-// same kernels in one process (min_blocks=2 beside 3) skipped its own setup and failed to launch (run 28).
+// Devices on which a specialization's shared-memory limit is raised. Internal linkage on purpose, by `static`: a
+// template's variable (or a function-local static of an inline template) is one symbol across every loaded module
+// (STB_GNU_UNIQUE), and nvcc gives an anonymous namespace's templates that linkage too. So a second build of the same
+// kernels in one process skipped its own setup: the WIDE build's 131 KB of shared memory after the narrow build's
+// launches failed with "invalid argument" (run 153; tests/test_csrc.py checks the object for such symbols).
 template <int D, int NT, typename T, int kKind>
-bool decode_configured[64] = {};
-}  // namespace
+static bool decode_configured[64] = {};
 
 // kKind 0: decode_split_kernel; 1: the same with a two-level merge; 2: decode_row_kernel.
 template <int D, int NT, typename T, int kKind>

@@ -7,7 +7,10 @@
 
 namespace oscar {
 
-constexpr int kWarps = 4;
+#ifndef OSCAR_WARPS
+#define OSCAR_WARPS 4  // warps of a decode CTA: 4, or 8 with OSCAR_MIN_BLOCKS 1 (quant/kernels/cuda.py NARROW / WIDE)
+#endif
+constexpr int kWarps = OSCAR_WARPS;
 constexpr int kThreads = kWarps * 32;
 constexpr int kGroup = 32;        // tokens per key scale group = channels per value group
 constexpr int kMaxSplits = 1024;  // split-KV partials per (b, kv head), residual split included

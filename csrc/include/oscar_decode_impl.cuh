@@ -265,7 +265,7 @@ __device__ void residual_part(const DecodeParams& p, int b, int h, WarpState<D, 
   }
 }
 
-// Merge the 4 warps' states and write this split's partial (valid rows only), or with `direct` (a row of one CTA whose
+// Merge the warps' states and write this split's partial (valid rows only), or with `direct` (a row of one CTA whose
 // state holds its window too) the row's normalized output itself.
 template <int D, int NT, typename T>
 __device__ void write_partial(const DecodeParams& p, int64_t bh, int split, WarpState<D, NT>& w, DecodeSmem<D, NT>& sm,
@@ -314,9 +314,10 @@ __device__ void write_partial(const DecodeParams& p, int64_t bh, int split, Warp
 #define OSCAR_MIN_BLOCKS 3  // CTAs per SM the register budget must allow with one head tile (a specialization)
 #endif
 
+// Two head tiles (9-16 query rows) take more registers: at most 2 CTAs an SM (1 in the 8-warp build).
 template <int NT>
 struct MinBlocks {
-  static constexpr int value = NT == 1 ? OSCAR_MIN_BLOCKS : 2;
+  static constexpr int value = NT == 1 || OSCAR_MIN_BLOCKS < 2 ? OSCAR_MIN_BLOCKS : 2;
 };
 
 template <int D, int NT, typename T, bool kGroups>

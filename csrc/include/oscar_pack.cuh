@@ -754,7 +754,7 @@ __global__ void __launch_bounds__(kPackThreads, 2) pack_kernel(const PackParams 
   }
 }
 
-inline int sm_count() {
+static int sm_count() {  // static: its cache stays this build's (no STB_GNU_UNIQUE symbol)
   static int cached[64] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
@@ -778,10 +778,8 @@ inline int plan_heads(int heads, int groups, int batch, int sms, int min_heads, 
   return per_cta;
 }
 
-namespace {
 template <int D, typename T, bool kVec, bool kResident>
-bool configured[64] = {};  // per device; internal linkage, see decode_configured (oscar_combine.cuh)
-}  // namespace
+static bool configured[64] = {};  // per device; internal linkage (`static`), see decode_configured (oscar_combine.cuh)
 
 template <int D, typename T, bool kVec, bool kResident>
 cudaError_t launch_as(const PackParams& p, int batch, int chunks, int per_cta, cudaStream_t stream) {

@@ -50,12 +50,13 @@ def target_arch(device: torch.device | None = None) -> str:
 ROW_KERNEL_TOKENS = 24576
 
 
-def build_flags(head_dim: int, arch: str, min_blocks: int) -> list[str]:
+def build_flags(head_dim: int, arch: str, min_blocks: int, warps: int = 4) -> list[str]:
     """nvcc flags of one specialization; OSCAR_KERNEL_FLAGS (e.g. "-DOSCAR_STAGES=5") adds flags for experiments
     (they enter the build's name, so each experiment gets its own build)."""
     extra = os.environ.get("OSCAR_KERNEL_FLAGS", "").split()
     return ["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-DOSCAR_HEAD_DIM={head_dim}",
-            f"-DOSCAR_MIN_BLOCKS={min_blocks}", f"-DOSCAR_ROW_KERNEL_TOKENS={ROW_KERNEL_TOKENS}", "-lineinfo", *extra]
+            f"-DOSCAR_MIN_BLOCKS={min_blocks}", f"-DOSCAR_ROW_KERNEL_TOKENS={ROW_KERNEL_TOKENS}", "-lineinfo",
+            *([f"-DOSCAR_WARPS={warps}"] if warps != 4 else []), *extra]
 
 
 def row_kernel(tokens: int, splits: int, window_cta: bool, rotate_out: bool) -> bool:
@@ -63,28 +64,29 @@ def row_kernel(tokens: int, splits: int, window_cta: bool, rotate_out: bool) -> 
     return not window_cta and splits == 1 and not rotate_out and tokens <= ROW_KERNEL_TOKENS
 
 
-def specialization_name(head_dim: int, arch: str, min_blocks: int) -> str:
-    """oscar_d{D}_sm{arch}_b{min_blocks}_{hash of sources and flags}: one build per specialization."""
+def specialization_name(head_dim: int, arch: str, min_blocks: int, warps: int = 4) -> str:
+    """oscar_d{D}_sm{arch}_b{min_blocks}[_w{warps}]_{hash of sources and flags}: one build per specialization."""
     h = hashlib.sha256()
     for rel in SOURCES:
         h.update((CSRC / rel).read_bytes())
-    h.update(" ".join(build_flags(head_dim, arch, min_blocks)).encode())
-    return f"oscar_d{head_dim}_sm{arch}_b{min_blocks}_{h.hexdigest()[:12]}"
+    h.update(" ".join(build_flags(head_dim, arch, min_blocks, warps)).encode())
+    return f"oscar_d{head_dim}_sm{arch}_b{min_blocks}{f'_w{warps}' if warps != 4 else ''}_{h.hexdigest()[:12]}"
 
 
 @functools.lru_cache(maxsize=None)
-def load(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: bool = False):
-    """Build (or reuse) and import the extension for one head dim; returns the module (decode, pack)."""
+def load(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: bool = False, warps: int = 4):
+    """Build (or reuse) and import the extension for one head dim; returns the module (decode, pack). warps: of a
+    decode CTA (4; `WIDE` builds 8 with min_blocks 1)."""
     from torch.utils.cpp_extension import load as cpp_load
 
     if head_dim not in (64, 128):
         raise ValueError(f"head_dim {head_dim} is not supported by the CUDA kernels (64 or 128)")
     arch = arch or target_arch()
-    name = specialization_name(head_dim, arch, min_blocks)
+    name = specialization_name(head_dim, arch, min_blocks, warps)
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
     return cpp_load(name=name, sources=[str(CSRC / "oscar_bindings.cu")], extra_cuda_cflags=build_flags(
-        head_dim, arch, min_blocks), extra_include_paths=[str(CSRC)], build_directory=str(build), verbose=verbose)
+        head_dim, arch, min_blocks, warps), extra_include_paths=[str(CSRC)], build_directory=str(build), verbose=verbose)
 
 
 LAYER_SOURCES = ("layer_bindings.cu", "include/oscar_type16.cuh", "include/oscar_gemv.cuh", "include/oscar_rmsnorm.cuh",
@@ -209,16 +211,56 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
     return _SYLVESTER_CHECKED[key]
 
 
+# The decode's two builds, (min_blocks, warps): NARROW, CTAs of 4 warps, up to 3 an SM (two at batch 1, where each row
+# has many splits); WIDE, CTAs of 8 warps, one an SM. At batch 1 an SM's two 4-warp CTAs end their loops apart (its
+# older CTA's warps are issued first: Qwen3 1 x 128K's second CTAs end 2.6 us later, run 122) and each writes a partial;
+# one 8-warp CTA streams as fast as the two, and its row has half the partials to merge. Run 152 (H100, two passes,
+# dirty / read-only flush us, NARROW -> WIDE): the thinker's 1 x 4K 13.0 / 13.7-13.9 -> 12.5-12.8 / 13.0-13.1, 1 x 32K
+# 20.7 / 20.3-20.4 -> 18.8-18.9 / 18.3-19.1, 1 x 128K (32 splits and the window CTA, one merge level where NARROW
+# needs 64 splits in two) 35.9-36.1 / 35.3-35.6 -> 33.5-33.6 / 31.8-32.1; Qwen3 1 x 32K 24.1 / 22.7-23.1 -> 22.7-22.8 /
+# 22.0-22.1, 1 x 128K (16 splits, the window folded) 53.0 / 48.4-48.5 -> 51.6-51.7 / 47.2-48.0. It loses where rows
+# fill the SMs (LLaVA 1 x 128K 147.3-147.9 -> 157.3-166.6 clean; the thinker's 16 x 32K 83.2-83.8 -> 98.3-98.6) and at
+# Qwen3's 1 x 4K (13.2-13.6 -> 13.9-14.0 clean: 11 splits of 12 groups leave 8 warps one or two each).
+# Off by default for now (OSCAR_WIDE_DECODE=1 turns the planner's choice on): run 153, the first with both builds in one
+# process, found that the WIDE build could not launch after the narrow one had (a per-specialization setup flag that
+# nvcc made one symbol across modules, fixed in oscar_combine.cuh), and its GPU tests have not run since the fix.
+NARROW, WIDE = (3, 4), (1, 8)
+WIDE_MIN_TOKENS = 16384
+
+
+def wide_enabled() -> bool:
+    """Whether `specialization` may pick the WIDE build: OSCAR_WIDE_DECODE=1 (default off, see above)."""
+    return os.environ.get("OSCAR_WIDE_DECODE", "0") == "1"
+
+
+def wide_plan(tokens: int, rows: int, sms: int) -> bool:
+    """Whether a step of `rows` (batch x KV heads) of `tokens` packed tokens takes the WIDE build: at least 32 SMs a row
+    (the thinker's 4 KV heads at batch 1), or at least 16 SMs a row with >= WIDE_MIN_TOKENS tokens (Qwen3's 8 at
+    batch 1 from 16K; at 4K it measured slower)."""
+    return rows * 32 <= sms or (rows * 16 <= sms and tokens >= WIDE_MIN_TOKENS)
+
+
+def specialization(tokens: int, rows: int, sms: int, min_blocks: int | None = None,
+                   warps: int | None = None) -> tuple[int, int]:
+    """(min_blocks, warps) of a launch: given ones stay (the other from NARROW), else WIDE where `wide_enabled` and
+    `wide_plan`, NARROW otherwise."""
+    if min_blocks is None and warps is None:
+        return WIDE if wide_enabled() and wide_plan(tokens, rows, sms) else NARROW
+    return NARROW[0] if min_blocks is None else min_blocks, NARROW[1] if warps is None else warps
+
+
 def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None,
-                     split_tokens: int | None = None, min_blocks: int = 3, waves: float | None = None,
+                     split_tokens: int | None = None, min_blocks: int | None = None, waves: float | None = None,
                      trace: torch.Tensor | None = None, window_cta: bool | None = None,
-                     order: int | None = None, merge_group: int | None = None) -> torch.Tensor:
+                     order: int | None = None, merge_group: int | None = None,
+                     warps: int | None = None) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
     Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
     reads codes in the "frag" order (what pack_kv writes); a cache in the natural order is converted first
     (correct but slow). min_blocks: CTAs per SM the build's register budget allows with up to 8 query rows
-    per KV head (a specialization); waves: force a split-KV plan of that many waves of the device's resident
+    per KV head, warps: of a CTA (together a specialization; default `specialization`'s choice: NARROW, or WIDE for
+    batch-1 steps with OSCAR_WIDE_DECODE=1; given either, the other defaults to NARROW's); waves: force a split-KV plan of that many waves of the device's resident
     CTAs (SMs * min_blocks) instead of `plan_splits`. window_cta: give the full-precision window its own CTA,
     scheduled first (default: when one wave holds it beside >= 8 splits per row, see `separate_window`), else
     it is folded into the last split's CTA. trace (diagnostics): an int64 CUDA tensor of
@@ -234,6 +276,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         raise ValueError(f"(Hq / Hkv) * Lq = {x.group * x.lq} query rows per KV head exceed the 16 rows of one "
                          "tensor-core tile: use backend='triton' or fewer speculative tokens")
     rows = x.batch * x.kv_heads
+    min_blocks, warps = specialization(x.tokens, rows, num_sms(query.device), min_blocks, warps)
     if split_tokens is None:
         if waves is not None:
             slots = num_sms(query.device) * min_blocks
@@ -255,11 +298,11 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         raise ValueError(f"order must be {ORDER_ROWS} (row by row), {ORDER_SPECIAL_FIRST} (each row's window or "
                          f"window-carrying CTA first) or {ORDER_SPECIAL_LAST} (those last), got {order!r}")
     if merge_group is None:
-        merge_group = merge_plan(splits, x.group * x.lq, x.head_dim, window_cta)
+        merge_group = merge_plan(splits, x.group * x.lq, x.head_dim, window_cta, 32 * warps)
     elif merge_group < 0:
         raise ValueError(f"merge_group must be >= 0, got {merge_group}")
     groups = -(-splits // merge_group) if merge_group and window_cta else 0
-    mod = load(x.head_dim, min_blocks=min_blocks)
+    mod = load(x.head_dim, min_blocks=min_blocks, warps=warps)
     if not all(_aligned(r) for r in (x.k_res, x.v_res)):  # the kernel reads the window with 16-byte loads
         x.k_res, x.v_res = x.k_res.contiguous(), x.v_res.contiguous()
     if x.q.data_ptr() % 16:  # and the query with 16-byte loads
@@ -312,7 +355,7 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
         split, n, window_cta, cost = _best_plan(tokens, rows, sms, room, -(-residual // 32) * 32, window_cta)
         if auto and window_cta:  # the window folded, where that wave's slowest SM ends sooner with > 1 CTA an SM
             folded = _best_plan(tokens, rows, sms, slots, -(-residual // 32) * 32, False)
-            if folded[3] < cost - 1e-6 and rows * folded[1] > sms:
+            if folded[3] < cost - 1e-6 and (rows * folded[1] > sms or min_blocks == 1):
                 split, n, window_cta = folded[:3]
     if residual and tokens and rows * (n + window_cta) > slots and (window_cta or (
             auto and residual * WINDOW_TOKEN_WEIGHT >= split / 4 and rows * n <= 8 * slots)):
@@ -323,16 +366,17 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     return split, n, window_cta
 
 
-def launch_plan(query: torch.Tensor, kv: PackedKV, min_blocks: int = 3) -> dict:
-    """The decode's planned launch for these inputs, as `decode_attention` makes it: splits, their tokens, the
-    window's placement, the CTA order, the merge's groups, the grid's CTAs and the kernel ("row": decode_row_kernel,
-    else decode_split_kernel; recorded per point by `oscar-eval bench`)."""
+def launch_plan(query: torch.Tensor, kv: PackedKV, min_blocks: int | None = None, warps: int | None = None) -> dict:
+    """The decode's planned launch for these inputs, as `decode_attention` makes it: the build (min_blocks, warps),
+    splits, their tokens, the window's placement, the CTA order, the merge's groups, the grid's CTAs and the kernel
+    ("row": decode_row_kernel, else decode_split_kernel; recorded per point by `oscar-eval bench`)."""
     x = prepare_decode(query, kv, rotate_query=False, order="frag")
-    rows, slots = x.batch * x.kv_heads, num_sms(query.device) * min_blocks
-    split, splits, window_cta = decode_plan(x.tokens, rows, num_sms(query.device), min_blocks, x.residual)
-    return {"splits": splits, "split_tokens": split, "window_cta": window_cta,
-            "order": cta_order(rows, splits, window_cta, slots, num_sms(query.device)),
-            "merge_group": merge_plan(splits, x.group * x.lq, x.head_dim, window_cta),
+    rows, sms = x.batch * x.kv_heads, num_sms(query.device)
+    min_blocks, warps = specialization(x.tokens, rows, sms, min_blocks, warps)
+    split, splits, window_cta = decode_plan(x.tokens, rows, sms, min_blocks, x.residual)
+    return {"min_blocks": min_blocks, "warps": warps, "splits": splits, "split_tokens": split, "window_cta": window_cta,
+            "order": cta_order(rows, splits, window_cta, sms * min_blocks, sms),
+            "merge_group": merge_plan(splits, x.group * x.lq, x.head_dim, window_cta, 32 * warps),
             "ctas": (splits + window_cta if splits else 1) * rows,
             "kernel": "row" if row_kernel(x.tokens, splits, window_cta, kv.rotate_out) else "split"}
 
@@ -504,17 +548,17 @@ def separate_window(rows: int, slots: int) -> bool:
     return rows * 9 <= slots
 
 
-def merge_plan(splits: int, rows: int, head_dim: int, window_cta: bool) -> int:
+def merge_plan(splits: int, rows: int, head_dim: int, window_cta: bool, threads: int = 128) -> int:
     """merge_group of the decode launch: 0 (the last CTA of a row merges every partial) or G (two levels: the last CTA
     of each group of G quantized splits merges the group, then the row's last CTA merges the groups and the window).
-    rows = (Hq / Hkv) * Lq query rows per KV head. A merging thread keeps 8 partials' loads in flight and
-    128 / (head_dim / 8) rows' threads share the work, so one CTA merges per round of L2 latency
+    rows = (Hq / Hkv) * Lq query rows per KV head; threads: of the CTA. A merging thread keeps 8 partials' loads in
+    flight and threads / (head_dim / 8) rows' threads share the work, so one CTA merges per round of L2 latency
     G = 8 * max(1, threads_per_pass / rows) partials; two levels are used where one would take more than four such
     rounds (the Qwen3-Omni thinker at 1 x 128K: 64 splits of 8 rows, 8 rounds, the merge 8-11 us, run 100), and need
     the window in its own CTA. At four rounds one level wins: the two-level kernel is ~4 us slower after a read-only
     flush and gains <= 0.6 us after the dirty one (run 119, the thinker's 1 x 16K-64K, 26-32 splits), where at 64
     splits it gains 4 us dirty for +0.5 clean."""
-    per_round = 8 * max(1, (128 // (head_dim // 8)) // max(rows, 1))
+    per_round = 8 * max(1, (threads // (head_dim // 8)) // max(rows, 1))
     return per_round if window_cta and splits > 4 * per_round else 0
 
 

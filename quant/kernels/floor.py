@@ -68,8 +68,8 @@ def launch_floor(ctas: int, device="cuda") -> dict:
     return {"launch_us": _graph_us(fn), "launch_clean_us": _graph_us(fn, clean=True), "launch_ctas": ctas}
 
 
-def planned_ctas(q, kv, min_blocks: int = 3) -> int:
-    """CTAs of the decode's planned launch for these inputs."""
+def planned_ctas(q, kv, min_blocks: int | None = None) -> int:
+    """CTAs of the decode's planned launch for these inputs (the build `cuda.specialization` picks, by default)."""
     from quant.kernels import cuda
 
     return cuda.launch_plan(q, kv, min_blocks)["ctas"]

@@ -17,6 +17,7 @@ the flush, its code coming from DRAM).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 
@@ -41,10 +42,22 @@ def inputs(shape: str, batch: int, ctx: int, res_tokens: int = 64, rotate_values
     v = torch.randn(batch, hkv, ctx, d, device="cuda", generator=g).to(torch.bfloat16)
     tq = ctx - res_tokens
     tq -= tq % 128
-    kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=rotate_values)
+    with default_build():  # an experiment's OSCAR_KERNEL_FLAGS are for the decode: the pack needs no build of its own
+        kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=rotate_values)
     kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device="cuda"),
                   values_rotated=rotate_values)
     return q, kv
+
+
+@contextlib.contextmanager
+def default_build():
+    """OSCAR_KERNEL_FLAGS cleared inside: the CUDA kernels loaded there are the default build's."""
+    flags = os.environ.pop("OSCAR_KERNEL_FLAGS", None)
+    try:
+        yield
+    finally:
+        if flags is not None:
+            os.environ["OSCAR_KERNEL_FLAGS"] = flags
 
 
 def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
@@ -61,11 +74,12 @@ def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
 
 
 def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | None = None,
-              balance: bool = False, order: int | None = None, merge_group: int | None = None) -> dict:
+              balance: bool = False, order: int | None = None, merge_group: int | None = None,
+              warps: int = 4) -> dict:
     """window: the window's own CTA (True), folded into the last split's (False), or the planner's choice;
     balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally;
     order: the CTAs' launch order (cuda.cta_order; None: the planner's); merge_group: the merge's groups
-    (cuda.merge_plan; None: the planner's)."""
+    (cuda.merge_plan; None: the planner's); min_blocks and warps: the build (cuda.NARROW 3, 4; cuda.WIDE 1, 8)."""
     import triton.testing
 
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
@@ -81,11 +95,11 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
         else:  # equal splits
             split_tokens = max(32, -(-x.tokens // (splits * 32)) * 32)
             splits = -(-x.tokens // split_tokens)
-    mod = cuda.load(x.head_dim, min_blocks=min_blocks)
+    mod = cuda.load(x.head_dim, min_blocks=min_blocks, warps=warps)
     if order is None:
         order = cuda.cta_order(rows, splits, window, slots, num_sms(q.device))
     if merge_group is None:
-        merge_group = cuda.merge_plan(splits, x.group * x.lq, x.head_dim, window)
+        merge_group = cuda.merge_plan(splits, x.group * x.lq, x.head_dim, window, 32 * warps)
     counters = cuda._counters(q.device, rows * (1 + (-(-splits // merge_group) if merge_group and window else 0)))
 
     def fn():
@@ -106,13 +120,14 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     torch.cuda.synchronize()
     warm = 1e3 * start.elapsed_time(end) / 200
     ctas = (splits + 1 if window else max(splits, 1)) * rows
-    return {"splits": splits, "split_tokens": split_tokens, "window_cta": window, "order": order,
+    return {"min_blocks": min_blocks, "warps": warps, "splits": splits, "split_tokens": split_tokens,
+            "window_cta": window, "order": order,
             "merge_group": merge_group, "ctas": ctas,
             "flushed_us": flushed, "clean_us": clean, "warm_us": warm}
 
 
 def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None, merge_group: int | None = None,
-               flush: bool = False) -> dict:
+               flush: bool = False, warps: int = 4) -> dict:
     """One planned launch with per-CTA stamps; returns the phase summary (us) and the raw stamps. flush: the traced
     launch follows a read-only L2 flush (as `clean_l2_us` times it: data and kernel code out of L2), else two
     launches of the same decode (a warm L2)."""
@@ -130,7 +145,7 @@ def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None, merge_group
         if buf is not None and i == 2:
             buf.sum()
         cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, min_blocks=min_blocks, order=order,
-                              merge_group=merge_group)
+                              merge_group=merge_group, warps=warps)
     torch.cuda.synchronize()
     stamps = trace[:ctas * 8].view(ctas, 8).cpu()
     return {"ctas": ctas, "splits": splits, "window_cta": window, "order": order, **summarize_trace(stamps),
@@ -173,6 +188,8 @@ def main() -> None:
     p.add_argument("--splits", default="1,2,4,8,16,24,32,48,64,96",
                    help="split counts to try besides the planner's")
     p.add_argument("--min-blocks", type=int, default=3)
+    p.add_argument("--warps", type=int, default=4, choices=[4, 8],
+                   help="warps of a CTA (the build: --min-blocks 3 --warps 4 is cuda.NARROW, 1 and 8 cuda.WIDE)")
     p.add_argument("--window", choices=["auto", "cta", "folded"], default="auto",
                    help="the window's placement: the planner's choice, its own CTA, or in the last split's CTA")
     p.add_argument("--balance", action="store_true",
@@ -203,7 +220,7 @@ def main() -> None:
             for order in orders:
                 for merge in merges:
                     r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
-                         **time_plan(q, kv, s, a.min_blocks, window, a.balance, order, merge)}
+                         **time_plan(q, kv, s, a.min_blocks, window, a.balance, order, merge, a.warps)}
                     rows.append(r)
                     print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, "
                           f"{r['ctas']:>5} CTAs, order {r['order']}, merge groups {r['merge_group']})"
@@ -211,7 +228,8 @@ def main() -> None:
                           f"  clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
         if a.trace:
             for merge in merges:
-                tr = trace_plan(q, kv, a.min_blocks, None if orders == [None] else orders[-1], merge, a.trace_flush)
+                tr = trace_plan(q, kv, a.min_blocks, None if orders == [None] else orders[-1], merge, a.trace_flush,
+                                a.warps)
                 rows.append({"shape": a.shape, "batch": b, "context": ctx, "merge_group": merge, "trace": tr})
                 print(f"  trace (merge groups {merge}) {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, "
                       f"min/median/p90/max): start {tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} "
@@ -222,7 +240,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "min_blocks": a.min_blocks, "rotate_values": a.rotate_values,
+            json.dump({"gpu": torch.cuda.get_device_name(), "min_blocks": a.min_blocks, "warps": a.warps,
+                       "rotate_values": a.rotate_values,
                        "kernel_flags": os.environ.get("OSCAR_KERNEL_FLAGS", ""), "rows": rows}, f, indent=1)
 
 
