@@ -531,7 +531,7 @@ def environment() -> dict:
     import transformers
     import triton
 
-    from quant.kernels import fused_linear, triton_norm, triton_rope
+    from quant.kernels import cuda, fused_linear, triton_norm, triton_rope
 
     p = torch.cuda.get_device_properties(0)
     return {"device": p.name, "sms": p.multi_processor_count, "memory_bytes": p.total_memory,
@@ -541,7 +541,8 @@ def environment() -> dict:
             "fused_rope": triton_rope.enabled(),  # its RoPE (OSCAR_FUSED_ROPE)
             "fused_linear": fused_linear.enabled(),  # and its decode-time linear layers (OSCAR_FUSED_LINEAR)
             # the norms and RoPE as CUDA launches rather than Triton's (OSCAR_LAYER_KERNELS=triton)
-            "cuda_norm_rope": os.environ.get("OSCAR_LAYER_KERNELS", "cuda") != "triton"}
+            "cuda_norm_rope": os.environ.get("OSCAR_LAYER_KERNELS", "cuda") != "triton",
+            "wide_decode": cuda.wide_enabled()}  # batch-1 decodes may take the 8-warp build (OSCAR_WIDE_DECODE=1)
 
 
 def main(args) -> int:

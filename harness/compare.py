@@ -65,6 +65,8 @@ def main(args: argparse.Namespace) -> int:
 
 # Kernel switches that change how fast, not what is computed (graph replay gives the eager bits).
 SAME_BITS = {"cuda_graphs"}
+# Switches that result files written before them lack, read as the setting those runs had.
+ABSENT_MEANS = {"wide_decode": False}
 
 
 # ---------------------------------------------------------------- inputs
@@ -140,6 +142,7 @@ def check_compatible(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         warnings.append(f"{a['method']['name']} ran with different settings ({diff})")
     ka, kb = a["environment"].get("kernels"), b["environment"].get("kernels")  # absent in older result files
     gpus = a["environment"].get("gpu") or b["environment"].get("gpu")
+    ka, kb = ({**ABSENT_MEANS, **k} if k is not None else None for k in (ka, kb))
     differ = sorted(k for k in set(ka or {}) | set(kb or {}) if k not in SAME_BITS and (ka or {}).get(k) != (kb or {}).get(k))
     if gpus and ka is not None and kb is not None and differ:  # they act on a GPU only
         diff = ", ".join(f"{k} {ka.get(k)} vs {kb.get(k)}" for k in differ)

@@ -120,6 +120,15 @@ def test_gpu_runs_with_different_kernels_are_flagged(tmp_path, capsys):
     a, b = write(tmp_path, "a1", ra), write(tmp_path, "b1", rb)
     assert cli(["compare", a, b]) == 0
     assert "model-level kernels" not in capsys.readouterr().out
+    # a switch an older file lacks reads as that run's setting: wide_decode was off before it was recorded
+    rb["environment"]["kernels"] = {**ra["environment"]["kernels"], "wide_decode": False}
+    a, b = write(tmp_path, "a3", ra), write(tmp_path, "b3", rb)
+    assert cli(["compare", a, b]) == 0
+    assert "model-level kernels" not in capsys.readouterr().out
+    rb["environment"]["kernels"]["wide_decode"] = True
+    a, b = write(tmp_path, "a4", ra), write(tmp_path, "b4", rb)
+    assert cli(["compare", a, b]) == 0
+    assert "(wide_decode False vs True)" in capsys.readouterr().out
     for r in (ra, rb):  # on a CPU they never act: no warning
         r["environment"]["gpu"] = None
     a, b = write(tmp_path, "a2", ra), write(tmp_path, "b2", rb)

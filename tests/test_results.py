@@ -122,10 +122,12 @@ def test_environment_records_the_kernel_switches(monkeypatch):
     monkeypatch.setenv("OSCAR_FUSED_ROPE", "1")
     monkeypatch.delenv("OSCAR_LAYER_KERNELS", raising=False)
     monkeypatch.setenv("OSCAR_CUDA_GRAPHS", "0")
+    monkeypatch.delenv("OSCAR_WIDE_DECODE", raising=False)
     assert environment()["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": False,
-                                        "cuda_graphs": False, "cuda_norm_rope": True}
+                                        "cuda_graphs": False, "cuda_norm_rope": True, "wide_decode": False}
     monkeypatch.setenv("OSCAR_LAYER_KERNELS", "triton")
-    assert environment()["kernels"]["cuda_norm_rope"] is False
+    monkeypatch.setenv("OSCAR_WIDE_DECODE", "1")
+    assert environment()["kernels"]["cuda_norm_rope"] is False and environment()["kernels"]["wide_decode"] is True
 
 
 def test_system_figures_count_the_graph_decode_steps():
