@@ -23,3 +23,8 @@ template cudaError_t oscar::launch_rms_norm<__half>(const oscar::NormParams&, cu
 template cudaError_t oscar::launch_rms_norm<__nv_bfloat16>(const oscar::NormParams&, cudaStream_t);
 template cudaError_t oscar::launch_rope<__half>(const oscar::RopeParams&, int64_t, cudaStream_t);
 template cudaError_t oscar::launch_rope<__nv_bfloat16>(const oscar::RopeParams&, int64_t, cudaStream_t);
+// The floors' host launchers (they keep one-time setup in function-local statics: emitted here, the compile test
+// checks that no such static became a symbol shared across loaded modules).
+cudaError_t (*floor_launchers[])(int, int, int, unsigned*, cudaStream_t) = {&oscar::launch_empty};
+cudaError_t (*read_floor_launchers[])(const void*, int64_t, int, int, bool, unsigned*, cudaStream_t) = {
+    &oscar::launch_read_floor};

@@ -176,8 +176,11 @@ def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bo
         from quant.kernels.cuda import launch_plan
         from quant.kernels.floor import floor_point
 
-        row["cuda_plan"] = launch_plan(q, kv)
-        row.update(floor_point(row["oscar_bytes"], row["cuda_plan"]["ctas"]))
+        plan = row["cuda_plan"] = launch_plan(q, kv)
+        try:
+            row.update(floor_point(row["oscar_bytes"], plan["ctas"], build=(plan["min_blocks"], plan["warps"])))
+        except Exception as e:  # noqa: BLE001  (a floor that cannot run leaves the point without a ceiling)
+            row["floor_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     # Each backend reads the codes in its own order, as the packed cache keeps them for it (the CUDA "frag" order,
     # Triton's "tl"; tq is whole 128-token blocks): converted once here, not inside the timed call (run 77 timed that
     # conversion as Triton's decode).

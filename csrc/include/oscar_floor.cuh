@@ -86,7 +86,7 @@ __global__ void empty_kernel(unsigned* sink) {
 }
 
 // async: the cp.async evict-first kernel (threads <= 256: its ring takes 256 bytes a thread).
-inline cudaError_t launch_read_floor(const void* src, int64_t bytes, int ctas, int threads, bool async,
+static cudaError_t launch_read_floor(const void* src, int64_t bytes, int ctas, int threads, bool async,
                                      unsigned* sink, cudaStream_t stream) {
   if (bytes % 16 != 0 || ctas < 1 || threads < 32 || threads > (async ? 256 : 1024)) return cudaErrorInvalidValue;
   const int64_t words = bytes / 16, per_cta = (words + ctas - 1) / ctas;
@@ -107,7 +107,7 @@ inline cudaError_t launch_read_floor(const void* src, int64_t bytes, int ctas, i
   return cudaGetLastError();
 }
 
-inline cudaError_t launch_empty(int ctas, int threads, int smem, unsigned* sink, cudaStream_t stream) {
+static cudaError_t launch_empty(int ctas, int threads, int smem, unsigned* sink, cudaStream_t stream) {
   static int allowed = 48 * 1024;  // raised once per size, outside graph captures in practice (floor.py warms up)
   if (smem > allowed) {
     const cudaError_t e = cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

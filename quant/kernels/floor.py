@@ -54,30 +54,34 @@ def read_floor(nbytes: int, device="cuda", ctas_per_sm=CTAS_PER_SM) -> dict:
             "read_dirty_config": name(best_dirty), "read_all": rows}
 
 
-def launch_floor(ctas: int, device="cuda") -> dict:
-    """Time (us) of an empty grid of `ctas` 128-thread CTAs with the decode kernel's shared memory."""
+def launch_floor(ctas: int, device="cuda", build: tuple[int, int] | None = None) -> dict:
+    """Time (us) of an empty grid of `ctas` CTAs with the threads and shared memory of the decode build `build`
+    ((min_blocks, warps): cuda.NARROW, 128 threads, by default; cuda.WIDE 256)."""
     from harness.bench import _graph_us
     from quant.kernels import cuda
 
-    mod = cuda.load(128)
+    min_blocks, warps = build or cuda.NARROW
+    mod = cuda.load(128, min_blocks=min_blocks, warps=warps)
     sink = _sink(device)
 
     def fn():
-        mod.empty_launch(sink, ctas, 128, mod.decode_smem_bytes)
+        mod.empty_launch(sink, ctas, 32 * warps, mod.decode_smem_bytes)
     fn()
     return {"launch_us": _graph_us(fn), "launch_clean_us": _graph_us(fn, clean=True), "launch_ctas": ctas}
 
 
-def planned_ctas(q, kv, min_blocks: int | None = None) -> int:
-    """CTAs of the decode's planned launch for these inputs (the build `cuda.specialization` picks, by default)."""
+def planned_launch(q, kv) -> tuple[int, tuple[int, int]]:
+    """CTAs and build (min_blocks, warps) of the decode's planned launch for these inputs (`cuda.launch_plan`)."""
     from quant.kernels import cuda
 
-    return cuda.launch_plan(q, kv, min_blocks)["ctas"]
+    plan = cuda.launch_plan(q, kv)
+    return plan["ctas"], (plan["min_blocks"], plan["warps"])
 
 
-def floor_point(nbytes: int, ctas: int, device="cuda") -> dict:
-    """Both floors of one decode step, keys prefixed "floor_" (as `oscar-eval bench` records them)."""
-    return {f"floor_{k}": v for k, v in {**read_floor(nbytes, device), **launch_floor(ctas, device)}.items()}
+def floor_point(nbytes: int, ctas: int, device="cuda", build: tuple[int, int] | None = None) -> dict:
+    """Both floors of one decode step, keys prefixed "floor_" (as `oscar-eval bench` records them); the launch floor
+    with the threads and shared memory of the decode build `build` (cuda.NARROW by default)."""
+    return {f"floor_{k}": v for k, v in {**read_floor(nbytes, device), **launch_floor(ctas, device, build)}.items()}
 
 
 def main() -> None:
@@ -97,8 +101,9 @@ def main() -> None:
         b, ctx = (int(v) for v in point.lower().split("x"))
         q, kv = inputs(a.shape, b, ctx)
         nbytes = bytes_read(kv)
-        r = {"shape": a.shape, "batch": b, "context": ctx, "bytes": nbytes, **floor_point(nbytes, planned_ctas(q, kv))}
-        dec = time_plan(q, kv, None)
+        ctas, build = planned_launch(q, kv)
+        r = {"shape": a.shape, "batch": b, "context": ctx, "bytes": nbytes, **floor_point(nbytes, ctas, build=build)}
+        dec = time_plan(q, kv, None, build[0], warps=build[1])
         r.update(decode_us=dec["flushed_us"], decode_clean_us=dec["clean_us"])
         r["floor_read_bw_Bps"] = nbytes / (r["floor_read_clean_us"] * 1e-6)
         rows.append(r)
