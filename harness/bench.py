@@ -211,20 +211,27 @@ def _decode_fn(variant: str, q, kv, scaling):
     return lambda: decode_attention(q, kv, scaling, backend=backend, **options)
 
 
+def capture_graph(fn, n: int = 1):
+    """A CUDA graph of n calls of fn, captured after one call on a side stream (its allocations and lazy setup)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    return g
+
+
 def _graph_us(fn, clean: bool = False) -> float | str:
     """Median time of a CUDA-graph replay of fn (the kernels alone, no Python between them); clean: after a
     read-only L2 flush (`clean_l2_us`), else do_bench's."""
-    import torch
-
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
+        g = capture_graph(fn)
         return clean_l2_us(g.replay) if clean else _median_us(g.replay)
     except Exception as e:  # noqa: BLE001
         return f"error: {type(e).__name__}: {str(e).splitlines()[0][:120]}"

@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from harness.bench import clean_l2_us
+from harness.bench import capture_graph, clean_l2_us
 from quant.kernels import cuda, pack_kv
 from quant.kernels.common import num_sms, prepare_decode
 from quant.packed import PackedKV
@@ -60,19 +60,6 @@ def default_build():
             os.environ["OSCAR_KERNEL_FLAGS"] = flags
 
 
-def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    return g
-
-
 def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | None = None,
               balance: bool = False, order: int | None = None, merge_group: int | None = None,
               warps: int = 4) -> dict:
@@ -107,7 +94,7 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
                           counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, kv.rotate_out, window,
                           order, merge_group, cuda._NO_TRACE[q.device])
 
-    one, many = graph_of(fn, 1), graph_of(fn, 20)
+    one, many = capture_graph(fn, 1), capture_graph(fn, 20)
     flushed = 1e3 * triton.testing.do_bench(one.replay, warmup=25, rep=200, return_mode="median")
     clean = clean_l2_us(one.replay)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
