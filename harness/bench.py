@@ -552,7 +552,7 @@ def environment() -> dict:
             "fused_linear": fused_linear.enabled(),  # and its decode-time linear layers (OSCAR_FUSED_LINEAR)
             # the norms and RoPE as CUDA launches rather than Triton's (OSCAR_LAYER_KERNELS=triton)
             "cuda_norm_rope": os.environ.get("OSCAR_LAYER_KERNELS", "cuda") != "triton",
-            "wide_decode": cuda.wide_enabled()}  # batch-1 decodes may take the 8-warp build (OSCAR_WIDE_DECODE=1)
+            "wide_decode": cuda.wide_enabled()}  # few-row decodes may take the 8-warp build (OSCAR_WIDE_DECODE=0: never)
 
 
 def main(args) -> int:

@@ -407,8 +407,8 @@ def kernel_switches() -> dict[str, bool]:
     """Which model-level kernels were switched on for this run (they only act on a GPU). cuda_norm_rope: the norms
     and RoPE launch the CUDA kernels rather than the Triton ones (OSCAR_LAYER_KERNELS=triton; another summation
     order in the norm). cuda_graphs: OScaR's kernel-path decode steps replay CUDA graphs (quant.kernels.graph_decode;
-    the same numbers, less host time). wide_decode: batch-1 decode steps may run the 8-warp CUDA build
-    (OSCAR_WIDE_DECODE=1, off by default; another split plan, so other last bits)."""
+    the same numbers, less host time). wide_decode: decode steps of a few rows may run the 8-warp CUDA build
+    (on unless OSCAR_WIDE_DECODE=0, the default since run 154; another split plan, so other last bits)."""
     from quant.kernels.cuda import wide_enabled
 
     switches = {name: os.environ.get(var, "1") != "0" for name, var in KERNEL_SWITCHES.items()}

@@ -85,17 +85,20 @@ def test_wide_build_is_its_own_specialization():
 
 
 def test_wide_build_takes_the_batch_one_steps(monkeypatch):
-    # Off by default (OSCAR_WIDE_DECODE). On, with 132 SMs: the thinker's 4 KV heads at batch 1 (>= 32 SMs a row) at
-    # every length; Qwen3's 8 from 16K packed tokens (at 4K the narrow build measured faster, run 152); LLaVA's 32 and
-    # batched steps stay narrow.
+    # On by default; OSCAR_WIDE_DECODE=0 keeps every launch narrow. With 132 SMs: the thinker's 4 KV heads at batch 1
+    # (>= 32 SMs a row) at every length, and at batch 2 (16.5 SMs a row, 8 query rows a KV head) too; Qwen3's 8 (4
+    # query rows) from 16K packed tokens (at 4K the narrow build measured faster, run 152); LLaVA's 32 and steps of
+    # 16 or more rows stay narrow (runs 152, 155).
     spec = kcuda.specialization
+    monkeypatch.setenv("OSCAR_WIDE_DECODE", "0")
+    assert spec(130944, 4, 132, query_rows=8) == kcuda.NARROW
     monkeypatch.delenv("OSCAR_WIDE_DECODE", raising=False)
-    assert spec(130944, 4, 132) == kcuda.NARROW
-    monkeypatch.setenv("OSCAR_WIDE_DECODE", "1")
-    assert spec(3968, 4, 132) == kcuda.WIDE == (1, 8) and spec(130944, 4, 132) == kcuda.WIDE
-    assert spec(3968, 8, 132) == kcuda.NARROW == (3, 4) and spec(32640, 8, 132) == kcuda.WIDE
+    assert spec(3968, 4, 132, query_rows=8) == kcuda.WIDE == (1, 8) and spec(130944, 4, 132) == kcuda.WIDE
+    assert spec(3968, 8, 132, query_rows=4) == kcuda.NARROW == (3, 4) and spec(32640, 8, 132) == kcuda.WIDE
+    assert spec(3968, 8, 132, query_rows=8) == kcuda.WIDE  # the thinker's 2 x 4K
     assert spec(130944, 32, 132) == kcuda.NARROW and spec(32640, 64, 132) == kcuda.NARROW
-    assert spec(32640, 16, 132) == kcuda.NARROW  # two sequences of Qwen3: 8 SMs a row
+    assert spec(32640, 16, 132, query_rows=4) == kcuda.NARROW  # two sequences of Qwen3: 8 SMs a row
+    assert spec(7936, 16, 132, query_rows=8) == kcuda.NARROW  # the thinker's 4 x 8K
     # a caller's choice stands; the other half of the pair comes from NARROW
     assert spec(130944, 4, 132, min_blocks=3) == (3, 4) and spec(130944, 4, 132, min_blocks=1) == (1, 4)
     assert spec(3968, 32, 132, warps=8) == (3, 8)
@@ -200,9 +203,9 @@ def test_wide_decode_matches_oracle(group, d, lq):
 
 @needs_gpu
 def test_batch_one_decode_takes_the_wide_build(monkeypatch):
-    # The thinker's shape at batch 1 (4 KV heads of 8 query rows), OSCAR_WIDE_DECODE=1: the default launch is the WIDE
-    # build's, and it agrees with the narrow build's within the oracle's budget (both builds loaded in one process).
-    monkeypatch.setenv("OSCAR_WIDE_DECODE", "1")
+    # The thinker's shape at batch 1 (4 KV heads of 8 query rows): the default launch is the WIDE build's, and it
+    # agrees with the narrow build's within the oracle's budget (both builds loaded in one process).
+    monkeypatch.delenv("OSCAR_WIDE_DECODE", raising=False)
     kv = random_packed_kv(1, 4, 4096, 64, 128, seed=5, device="cuda", rotate_values=False)
     q = torch.randn(1, 32, 1, 128, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).cuda()
     assert kcuda.launch_plan(q, kv)["warps"] == 8 and kcuda.launch_plan(q, kv, min_blocks=3)["warps"] == 4

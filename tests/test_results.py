@@ -124,10 +124,10 @@ def test_environment_records_the_kernel_switches(monkeypatch):
     monkeypatch.setenv("OSCAR_CUDA_GRAPHS", "0")
     monkeypatch.delenv("OSCAR_WIDE_DECODE", raising=False)
     assert environment()["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": False,
-                                        "cuda_graphs": False, "cuda_norm_rope": True, "wide_decode": False}
+                                        "cuda_graphs": False, "cuda_norm_rope": True, "wide_decode": True}
     monkeypatch.setenv("OSCAR_LAYER_KERNELS", "triton")
-    monkeypatch.setenv("OSCAR_WIDE_DECODE", "1")
-    assert environment()["kernels"]["cuda_norm_rope"] is False and environment()["kernels"]["wide_decode"] is True
+    monkeypatch.setenv("OSCAR_WIDE_DECODE", "0")
+    assert environment()["kernels"]["cuda_norm_rope"] is False and environment()["kernels"]["wide_decode"] is False
 
 
 def test_system_figures_count_the_graph_decode_steps():

@@ -221,31 +221,36 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 # 22.0-22.1, 1 x 128K (16 splits, the window folded) 53.0 / 48.4-48.5 -> 51.6-51.7 / 47.2-48.0. It loses where rows
 # fill the SMs (LLaVA 1 x 128K 147.3-147.9 -> 157.3-166.6 clean; the thinker's 16 x 32K 83.2-83.8 -> 98.3-98.6) and at
 # Qwen3's 1 x 4K (13.2-13.6 -> 13.9-14.0 clean: 11 splits of 12 groups leave 8 warps one or two each).
-# Off by default for now (OSCAR_WIDE_DECODE=1 turns the planner's choice on): run 153, the first with both builds in one
-# process, found that the WIDE build could not launch after the narrow one had (a per-specialization setup flag that
-# nvcc made one symbol across modules, fixed in oscar_combine.cuh), and its GPU tests have not run since the fix.
+# Run 155 (H100, two passes) where the rule had no measurement: WIDE wins the thinker's batch 2 at every length (2 x 4K
+# 13.6 / 13.3 against 14.0 / 14.2, 2 x 128K 52.4 / 49.0 against 62.3 / 52.0) and Qwen3's 1 x 16K (17.9 / 17.5 against
+# 18.2 / 18.4); it ties Qwen3's 1 x 8K and loses or ties from 16 rows on (the thinker's 4 x 8K 20.0 / 19.1 against
+# 18.5 / 18.4, 8 x 32K 66.5 / 64.5 against 53.1 / 48.5; Qwen3's 2 x 16K-128K). So 8 query rows a KV head (the
+# thinker's 32 / 4 heads) take it at any length where a row has >= 16 SMs; Qwen3's 4 only from WIDE_MIN_TOKENS.
+# On by default since run 154 (both builds' GPU tests in one process, then the whole bench against run 149);
+# OSCAR_WIDE_DECODE=0 keeps every launch on NARROW.
 NARROW, WIDE = (3, 4), (1, 8)
 WIDE_MIN_TOKENS = 16384
 
 
 def wide_enabled() -> bool:
-    """Whether `specialization` may pick the WIDE build: OSCAR_WIDE_DECODE=1 (default off, see above)."""
-    return os.environ.get("OSCAR_WIDE_DECODE", "0") == "1"
+    """Whether `specialization` may pick the WIDE build: on unless OSCAR_WIDE_DECODE=0."""
+    return os.environ.get("OSCAR_WIDE_DECODE", "1") != "0"
 
 
-def wide_plan(tokens: int, rows: int, sms: int) -> bool:
-    """Whether a step of `rows` (batch x KV heads) of `tokens` packed tokens takes the WIDE build: at least 32 SMs a row
-    (the thinker's 4 KV heads at batch 1), or at least 16 SMs a row with >= WIDE_MIN_TOKENS tokens (Qwen3's 8 at
-    batch 1 from 16K; at 4K it measured slower)."""
-    return rows * 32 <= sms or (rows * 16 <= sms and tokens >= WIDE_MIN_TOKENS)
+def wide_plan(tokens: int, rows: int, sms: int, query_rows: int = 1) -> bool:
+    """Whether a step of `rows` (batch x KV heads) of `tokens` packed tokens, `query_rows` (GQA group x Lq) a row, takes
+    the WIDE build: at least 32 SMs a row (the thinker's 4 KV heads at batch 1); or at least 16 SMs a row with 8 or
+    more query rows (the thinker at batch 2) or >= WIDE_MIN_TOKENS tokens (Qwen3's 8 KV heads at batch 1 from 16K; at
+    4K it measured slower)."""
+    return rows * 32 <= sms or (rows * 16 <= sms and (query_rows >= 8 or tokens >= WIDE_MIN_TOKENS))
 
 
 def specialization(tokens: int, rows: int, sms: int, min_blocks: int | None = None,
-                   warps: int | None = None) -> tuple[int, int]:
+                   warps: int | None = None, query_rows: int = 1) -> tuple[int, int]:
     """(min_blocks, warps) of a launch: given ones stay (the other from NARROW), else WIDE where `wide_enabled` and
     `wide_plan`, NARROW otherwise."""
     if min_blocks is None and warps is None:
-        return WIDE if wide_enabled() and wide_plan(tokens, rows, sms) else NARROW
+        return WIDE if wide_enabled() and wide_plan(tokens, rows, sms, query_rows) else NARROW
     return NARROW[0] if min_blocks is None else min_blocks, NARROW[1] if warps is None else warps
 
 
@@ -260,8 +265,8 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     reads codes in the "frag" order (what pack_kv writes); a cache in the natural order is converted first
     (correct but slow). min_blocks: CTAs per SM the build's register budget allows with up to 8 query rows
     per KV head, warps: of a CTA (together a specialization; default `specialization`'s choice: NARROW, or WIDE for
-    batch-1 steps with OSCAR_WIDE_DECODE=1; given either, the other defaults to NARROW's); waves: force a split-KV plan of that many waves of the device's resident
-    CTAs (SMs * min_blocks) instead of `plan_splits`. window_cta: give the full-precision window its own CTA,
+    steps of a few rows, see `wide_plan`; given either, the other defaults to NARROW's); waves: force a split-KV plan
+    of that many waves of the device's resident CTAs (SMs * min_blocks) instead of `plan_splits`. window_cta: give the full-precision window its own CTA,
     scheduled first (default: when one wave holds it beside >= 8 splits per row, see `separate_window`), else
     it is folded into the last split's CTA. trace (diagnostics): an int64 CUDA tensor of
     (splits + 1) * B * Hkv * 8 that receives per-CTA %globaltimer stamps (quant/kernels/sweep_splits.py).
@@ -276,7 +281,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         raise ValueError(f"(Hq / Hkv) * Lq = {x.group * x.lq} query rows per KV head exceed the 16 rows of one "
                          "tensor-core tile: use backend='triton' or fewer speculative tokens")
     rows = x.batch * x.kv_heads
-    min_blocks, warps = specialization(x.tokens, rows, num_sms(query.device), min_blocks, warps)
+    min_blocks, warps = specialization(x.tokens, rows, num_sms(query.device), min_blocks, warps, x.group * x.lq)
     if split_tokens is None:
         if waves is not None:
             slots = num_sms(query.device) * min_blocks
@@ -372,7 +377,7 @@ def launch_plan(query: torch.Tensor, kv: PackedKV, min_blocks: int | None = None
     ("row": decode_row_kernel, else decode_split_kernel; recorded per point by `oscar-eval bench`)."""
     x = prepare_decode(query, kv, rotate_query=False, order="frag")
     rows, sms = x.batch * x.kv_heads, num_sms(query.device)
-    min_blocks, warps = specialization(x.tokens, rows, sms, min_blocks, warps)
+    min_blocks, warps = specialization(x.tokens, rows, sms, min_blocks, warps, x.group * x.lq)
     split, splits, window_cta = decode_plan(x.tokens, rows, sms, min_blocks, x.residual)
     return {"min_blocks": min_blocks, "warps": warps, "splits": splits, "split_tokens": split, "window_cta": window_cta,
             "order": cta_order(rows, splits, window_cta, sms * min_blocks, sms),
