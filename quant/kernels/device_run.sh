@@ -12,12 +12,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee
 $PY -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__)" | tee -a "$OUT/gpu.txt"
 t0=$(date +%s)
 # Build the CUDA specializations in parallel (one nvcc each): "HEAD_DIM:MIN_BLOCKS[:WARPS] ..." (cuda.NARROW is 3:4,
-# cuda.WIDE 1:8).
-for v in ${BUILD_VARIANTS:-128:3 64:3 128:1:8 64:1:8}; do
-  timeout 300 $PY -c "import sys, time; from quant.kernels import cuda; d, b, w = (list(map(int, sys.argv[1].split(':'))) + [4])[:3]; t = time.time(); cuda.load(d, min_blocks=b, warps=w); print(f'built {cuda.specialization_name(d, cuda.target_arch(), b, w)} in {time.time() - t:.0f}s')" "$v" >"$OUT/build-${v//:/-}.log" 2>&1 &
-done
-wait
-tail -n 5 "$OUT"/build-*.log
+# cuda.WIDE 1:8; quant/kernels/build.py), and the layer kernels.
+timeout 330 $PY -m quant.kernels.build ${BUILD_VARIANTS:-128:3 64:3 128:1:8 64:1:8} --timeout 300 2>&1 | tee "$OUT/build.log"
 echo "build stage: $(( $(date +%s) - t0 ))s"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 240 $PY -m pytest tests/test_csrc.py tests/test_kernels_triton.py tests/test_kernels_hf.py -q --tb=short \
