@@ -102,8 +102,9 @@ BANDWIDTH = [(1, 131072), (16, 32768)]
 def status(target: Target, flushes: list[tuple[float | None, float | None]], beyond: str = "the bare stream") -> str:
     """flushes: (value, bare-stream ceiling) after the dirty and the clean flush. "met" when every measured flush meets
     the target, "met (clean only)" when only the clean one does, else "MISSED"; "beyond the bare stream" where each
-    flush that misses has a ceiling below the target too (no kernel of these bytes could meet it there); `beyond`
-    names the ceiling."""
+    flush that misses has a ceiling below the target too (no kernel of these bytes could meet it there), "beyond the
+    bare stream after the dirty flush" where only the dirty flush's is (so no kernel meets the row after both);
+    `beyond` names the ceiling."""
     measured = [(v, c) for v, c in flushes if v is not None]
     if not measured:
         return "no data"
@@ -111,8 +112,11 @@ def status(target: Target, flushes: list[tuple[float | None, float | None]], bey
     if not missed:
         return "met"
     text = "met (clean only)" if len(measured) == 2 and target.met(measured[1][0]) else "MISSED"
-    if all(c is not None and not target.met(c) for _, c in missed):
+    out_of_reach = [c is not None and not target.met(c) for _, c in missed]
+    if all(out_of_reach):
         text += f", beyond {beyond}"
+    elif len(measured) == 2 and missed[0] == measured[0] and out_of_reach[0]:
+        text += f", beyond {beyond} after the dirty flush"
     return text
 
 
