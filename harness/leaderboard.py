@@ -88,6 +88,9 @@ BENCH_VARIANTS = {"sdpa_cudnn": "BF16 SDPA cuDNN", "sdpa_flash": "BF16 SDPA flas
                   "oscar_cuda_graph_clean_us": "OScaR INT2 CUDA graph, clean L2",
                   "sdpa_cudnn_graph": "BF16 SDPA cuDNN graph", "sdpa_flash_graph": "BF16 SDPA flash graph",
                   "sdpa_cudnn_graph_clean": "BF16 SDPA cuDNN graph, clean L2",
+                  "sdpa_flash_graph_clean": "BF16 SDPA flash graph, clean L2",
+                  "oscar_triton_graph_us": "OScaR INT2 Triton graph",
+                  "oscar_triton_graph_clean_us": "OScaR INT2 Triton graph, clean L2",
                   # a bare stream of the step's packed bytes (quant/kernels/floor.py): what no decode goes below
                   "floor_read_us": "read floor (bare stream)", "floor_read_clean_us": "read floor, clean L2"}
 

@@ -22,7 +22,8 @@ body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0
 table{border-collapse:collapse;margin:.5em 0 1em;font-size:14px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
 tr.missed td{background:#fde8e8}table.targets td:first-child,table.targets td:nth-child(2),table.targets td:last-child{text-align:left}
-td:first-child,th:first-child{text-align:left}
+td:first-child,th:first-child{text-align:left}table.bench td:first-child,table.history td:first-child{white-space:nowrap}
+table.bench th,table.history th{font-size:12px}
 section{margin-bottom:2.5em}img.plot{max-width:100%;border:1px solid #eee}
 .badge{display:inline-block;padding:1px 8px;border-radius:4px;font-size:12px;font-weight:600;color:#fff}
 .measured-badge{background:#2a7}.published-badge{background:#c60}.replica-badge{background:#777}
@@ -135,35 +136,111 @@ def latest_run(rows: list[dict[str, Any]]) -> str | None:
     return max(runs, key=lambda run: (key(run), run)) if runs else None
 
 
+SPEED_SHAPES = {"qwen3-8b": "Qwen3-8B (32 q / 8 kv heads)", "llava-7b": "LLaVA-7B (32 / 32)",
+                "qwen3-omni-thinker": "Qwen3-Omni thinker (32 / 4)"}
+
+
+def _point_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Bench rows that name a variant, a context and a time (older formats' keys read too), with those three set;
+    a row without a shape is the Qwen3-8B shape (the only one the first bench runs timed)."""
+    out = []
+    for row in rows:
+        name = next((row[k] for k in ("variant", "name", "method") if k in row), None)
+        ctx = next((row[k] for k in ("context", "seq_len") if k in row), None)
+        t = next((row[k] for k in ("time_us", "median_us") if k in row), None)
+        if name is not None and isinstance(ctx, (int, float)) and isinstance(t, (int, float)):
+            out.append({**row, "variant": str(name), "context": ctx, "time_us": float(t),
+                        "shape": row.get("shape") or "qwen3-8b", "batch": row.get("batch", 1)})
+    return out
+
+
+def _variant_order(names) -> list[str]:
+    known = list(L.BENCH_VARIANTS.values())
+    return sorted(set(names), key=lambda n: (known.index(n) if n in known else len(known), n))
+
+
+def _graph_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where a run replayed its steps as CUDA graphs, its graph times and read floors only: the eager times carry the
+    host's launch costs (the JSON files keep them)."""
+    if any("graph" in r["variant"] for r in rows):
+        return [r for r in rows if "graph" in r["variant"] or "floor" in r["variant"]]
+    return rows
+
+
 def speed_plot(rows: list[dict[str, Any]]) -> str | None:
-    """Time vs context per variant at batch 1, Qwen3-8B shape, newest run only (the tables hold the others), when
-    bench rows carry (variant|name, context, time_us|median_us)."""
+    """Time vs context at batch 1 of the newest run, a panel per head shape. Where the run replayed its steps as CUDA
+    graphs, only the graph times and the read floors are drawn (`_graph_times`)."""
     import matplotlib.pyplot as plt
 
-    def get(row, *keys):
-        return next((row[k] for k in keys if k in row), None)
-
-    rows = [r for r in rows if r.get("shape") in (None, "qwen3-8b") and r.get("batch", 1) == 1]
     run = latest_run(rows)
-    rows = [r for r in rows if run is None or r.get("run") == run]
-    series: dict[str, list[tuple[float, float]]] = {}
-    for row in rows:
-        name, ctx, t = get(row, "variant", "name", "method"), get(row, "context", "seq_len"), get(row, "time_us", "median_us")
-        if name is not None and isinstance(ctx, (int, float)) and isinstance(t, (int, float)):
-            series.setdefault(str(name), []).append((ctx, t))
-    if not series:
+    rows = [r for r in _point_rows(rows) if r["batch"] == 1 and (run is None or r.get("run") == run)]
+    rows = _graph_times(rows)
+    shapes = [s for s in SPEED_SHAPES if any(r["shape"] == s for r in rows)]
+    shapes += sorted({r["shape"] for r in rows} - set(shapes))
+    if not shapes:
         return None
-    fig, ax = plt.subplots(figsize=(11, 4.2))
-    for label, pts in sorted(series.items()):
-        pts.sort()
-        style = "s--" if "floor" in label else "o-"
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-    ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="time (us)",
-           title=f"make bench{' ' + run if run else ''}: decode attention at batch 1, Qwen3-8B shape (32 q / 8 kv heads)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(alpha=0.3)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes) + 2.8, 4.2), squeeze=False, sharey=True)
+    for ax, shape in zip(axes[0], shapes):
+        series: dict[str, list[tuple[float, float]]] = {}
+        for r in rows:
+            if r["shape"] == shape:
+                series.setdefault(r["variant"], []).append((r["context"], r["time_us"]))
+        for label in _variant_order(series):
+            pts = sorted(series[label])
+            floor = "floor" in label
+            style = ("s" if floor else "o") + (":" if "clean" in label else "--" if floor else "-")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label, markersize=4)
+        ax.set(xscale="log", yscale="log", xlabel="context (tokens)", title=SPEED_SHAPES.get(shape, shape))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("time (us)")
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(f"make bench{' ' + run if run else ''}: decode attention at batch 1")
     fig.tight_layout()
     return png(fig)
+
+
+HISTORY_VARIANT = "OScaR INT2 CUDA graph"
+HISTORY_RUNS = 8
+
+
+def speed_tables(rows: list[dict[str, Any]]) -> str:
+    """The newest run's times (`_graph_times`), a row per point and a column per variant; then OScaR's CUDA graph time
+    at those points across the last HISTORY_RUNS runs that timed it (each run is the code of its day:
+    quant/kernels/NOTES.md)."""
+    points = _point_rows(rows)
+    run = latest_run(points)
+    newest = _graph_times([r for r in points if r.get("run") == run])
+    if not newest:
+        return ""
+    order = list(SPEED_SHAPES)
+    grid: dict[tuple, dict[str, float]] = {}
+    for r in sorted(newest, key=lambda r: (order.index(r["shape"]) if r["shape"] in order else len(order), r["shape"],
+                                           r["batch"], r["context"])):
+        grid.setdefault((r["shape"], r["batch"], r["context"]), {})[r["variant"]] = r["time_us"]
+    variants = _variant_order(r["variant"] for r in newest)
+    cells = [[shape, str(batch), str(ctx)] + [L.fmt(times[v]) if v in times else "" for v in variants]
+             for (shape, batch, ctx), times in grid.items()]
+    device = newest[0].get("device", "")
+    parts = [f"<h3>{html.escape(run or '')}: decode attention, us ({html.escape(str(device))})</h3>",
+             table(["shape", "batch", "context", *variants], cells, "bench")]
+    timed = {r["run"] for r in points if r["variant"] == HISTORY_VARIANT and r.get("run")}
+    runs = sorted(timed, key=lambda name: (_run_number(name), name))[-HISTORY_RUNS:]
+    if len(runs) > 1:
+        hist = {(r["run"], r["shape"], r["batch"], r["context"]): r["time_us"] for r in points
+                if r["variant"] == HISTORY_VARIANT and r.get("run") in runs}
+        cells = [[shape, str(batch), str(ctx)] + [L.fmt(hist[(run_, shape, batch, ctx)])
+                                                  if (run_, shape, batch, ctx) in hist else "" for run_ in runs]
+                 for shape, batch, ctx in grid]
+        parts += [f"<h3>{HISTORY_VARIANT}, us, by run (the last {len(runs)}; each run is the code of its day, "
+                  "quant/kernels/NOTES.md)</h3>", table(["shape", "batch", "context", *runs], cells, "history")]
+    return "\n".join(parts)
+
+
+def _run_number(run: str) -> int:
+    import re
+
+    numbers = re.findall(r"\d+", run)
+    return int(numbers[-1]) if numbers else -1
 
 
 def _discard(fig) -> None:
@@ -236,10 +313,9 @@ def speed_section(rows: list[dict[str, Any]], targets: list[dict[str, Any]] | No
     if not rows:
         return ('<section class="speed"><h2>Speed</h2><p>No <code>make bench</code> results under '
                 "results/bench/ yet.</p></section>")
-    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if not k.startswith("_")]
-    cells = [[L.fmt(r.get(k)) if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys] for r in rows]
     return "\n".join(['<section class="speed"><h2>Speed (make bench)</h2>', targets_table(targets, targets_source),
-                      figure(speed_plot(rows), "decode attention time vs context"), table(keys, cells, "bench"), "</section>"])
+                      figure(speed_plot(rows), "decode attention time vs context, batch 1"), speed_tables(rows),
+                      "<p>Every time of every run: the JSON files under results/bench/.</p></section>"])
 
 
 def render(groups, paper, bench_rows, n_files: int, targets=None, targets_source=None) -> str:

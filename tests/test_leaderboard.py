@@ -76,6 +76,27 @@ def test_bench_rows_are_read_and_plotted(workdir):
     assert report_html.latest_run([{"run": "h100-run9"}, {"run": "h100-run39"}, {"run": "h100-run36"}]) == "h100-run39"
 
 
+def test_speed_tables_pivot_the_newest_run_and_follow_oscar_across_runs(workdir):
+    """The page's bench tables: the newest run a row per point (graph times and floors only, where it has graph
+    times), then OScaR's CUDA graph time at those points in each run that timed it, oldest first."""
+    for run, t in (("h100-run9", 30.0), ("h100-run10", 25.0)):
+        Path(f"results/bench/{run}").mkdir(parents=True)
+        kernels = [{"shape": shape, "batch": 1, "context": c, "sdpa_cudnn": 99.0, "sdpa_cudnn_graph": 2 * t * k,
+                    "oscar_cuda_us": 99.0, "oscar_cuda_graph_us": t * k, "floor_read_us": t * k / 2}
+                   for k, c in ((1, 4096), (4, 131072)) for shape in ("qwen3-omni-thinker", "qwen3-8b")]
+        Path(f"results/bench/{run}/bench-all.json").write_text(json.dumps(
+            {"environment": {"device": "NVIDIA H100"}, "kernels": kernels}))
+    html = report_html.speed_tables(L.load_bench(Path("results/bench")))
+    newest = html[html.index('<table class="bench">'):html.index('<table class="history">')]
+    assert "h100-run10: decode attention" in html and "99" not in newest  # the eager times stay in the JSON
+    assert newest.index("OScaR INT2 CUDA graph") < newest.index("BF16 SDPA cuDNN graph") < newest.index("read floor")
+    assert ("<tr><td>qwen3-8b</td><td>1</td><td>4096</td><td>25</td><td>50</td><td>12.5</td></tr>" in newest
+            and newest.index("qwen3-8b") < newest.index("qwen3-omni-thinker"))  # Qwen3 first, whatever the file's order
+    history = html[html.index('<table class="history">'):]
+    assert "<th>h100-run9</th><th>h100-run10</th>" in history  # by run number, not by name
+    assert "<tr><td>qwen3-omni-thinker</td><td>1</td><td>131072</td><td>120</td><td>100</td></tr>" in history
+
+
 def test_html_shows_the_newest_runs_kernel_targets(workdir):
     """The speed section opens with the kernel targets of the newest bench run (bench_check), missed rows marked."""
     for run in ("h100-run99", "h100-run107"):
