@@ -225,7 +225,8 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 # 13.6 / 13.3 against 14.0 / 14.2, 2 x 128K 52.4 / 49.0 against 62.3 / 52.0) and Qwen3's 1 x 16K (17.9 / 17.5 against
 # 18.2 / 18.4); it ties Qwen3's 1 x 8K and loses or ties from 16 rows on (the thinker's 4 x 8K 20.0 / 19.1 against
 # 18.5 / 18.4, 8 x 32K 66.5 / 64.5 against 53.1 / 48.5; Qwen3's 2 x 16K-128K). So 8 query rows a KV head (the
-# thinker's 32 / 4 heads) take it at any length where a row has >= 16 SMs; Qwen3's 4 only from WIDE_MIN_TOKENS.
+# thinker's 32 / 4 heads; Qwen3's 32 / 8 with 2 query tokens, run 158: 1 x 4K 13.6 / 12.9 against 13.9 / 14.0) take
+# it at any length where a row has >= 16 SMs; Qwen3's 4 only from WIDE_MIN_TOKENS.
 # On by default since run 154 (both builds' GPU tests in one process, then the whole bench against run 149);
 # OSCAR_WIDE_DECODE=0 keeps every launch on NARROW.
 NARROW, WIDE = (3, 4), (1, 8)

@@ -32,12 +32,13 @@ from quant.primitives import hadamard
 SHAPES = {"qwen3-8b": (32, 8, 128), "llava-7b": (32, 32, 128), "qwen3-omni-thinker": (32, 4, 128)}
 
 
-def inputs(shape: str, batch: int, ctx: int, res_tokens: int = 64, rotate_values: bool = False):
+def inputs(shape: str, batch: int, ctx: int, res_tokens: int = 64, rotate_values: bool = False, lq: int = 1):
     """The decode inputs of `oscar-eval bench`'s kernel points: V's rotation in the model's weights (OScaR's default,
-    quant/fold.py), so the kernel leaves its output in V's basis; rotate_values=True: V rotated in the cache too."""
+    quant/fold.py), so the kernel leaves its output in V's basis; rotate_values=True: V rotated in the cache too.
+    lq: query tokens a sequence (a speculative decoding step verifies several; they are the window's last lq)."""
     hq, hkv, d = SHAPES[shape]
     g = torch.Generator(device="cuda").manual_seed(batch * 7 + ctx)
-    q = torch.randn(batch, hq, 1, d, device="cuda", generator=g).to(torch.bfloat16)
+    q = torch.randn(batch, hq, lq, d, device="cuda", generator=g).to(torch.bfloat16)
     k = torch.randn(batch, hkv, ctx, d, device="cuda", generator=g).to(torch.bfloat16)
     v = torch.randn(batch, hkv, ctx, d, device="cuda", generator=g).to(torch.bfloat16)
     tq = ctx - res_tokens
@@ -190,6 +191,7 @@ def main() -> None:
     p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
     p.add_argument("--trace-flush", action="store_true",
                    help="trace the launch after a read-only L2 flush (the clean-L2 timing's state), not warm")
+    p.add_argument("--lq", type=int, default=1, help="query tokens a sequence (speculative decoding: 2-4)")
     p.add_argument("--rotate-values", action="store_true",
                    help="V rotated in the cache (the merge rotates the output back), not in the model's weights")
     p.add_argument("--out", default=None)
@@ -200,16 +202,16 @@ def main() -> None:
     rows = []
     for point in a.points.split(","):
         b, ctx = (int(v) for v in point.lower().split("x"))
-        q, kv = inputs(a.shape, b, ctx, rotate_values=a.rotate_values)
+        q, kv = inputs(a.shape, b, ctx, rotate_values=a.rotate_values, lq=a.lq)
         for s in [None] + [int(v) for v in a.splits.split(",") if v]:
             if s is not None and s * 128 > ctx * 2:
                 continue
             for order in orders:
                 for merge in merges:
-                    r = {"shape": a.shape, "batch": b, "context": ctx, "planned": s is None,
+                    r = {"shape": a.shape, "batch": b, "context": ctx, "lq": a.lq, "planned": s is None,
                          **time_plan(q, kv, s, a.min_blocks, window, a.balance, order, merge, a.warps)}
                     rows.append(r)
-                    print(f"{a.shape} {b:>3}x{ctx:<6} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, "
+                    print(f"{a.shape} {b:>3}x{ctx:<6}{f' lq {a.lq}' if a.lq > 1 else ''} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, "
                           f"{r['ctas']:>5} CTAs, order {r['order']}, merge groups {r['merge_group']})"
                           f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us"
                           f"  clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)

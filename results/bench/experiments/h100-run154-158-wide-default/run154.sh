@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run 154 (for the next session with device time): validate the WIDE decode build and gate it.
-#   call 1: OUT=$OUT bash results/bench/experiments/h100-run154-157-wide-default/run154.sh tests   (~5 min)
-#   call 2: OUT=$OUT bash results/bench/experiments/h100-run154-157-wide-default/run154.sh bench   (~9 min)
+#   call 1: OUT=$OUT bash results/bench/experiments/h100-run154-158-wide-default/run154.sh tests   (~5 min)
+#   call 2: OUT=$OUT bash results/bench/experiments/h100-run154-158-wide-default/run154.sh bench   (~9 min)
 # If both pass (no test fails, the gate reports no slowdown beyond 5%), make WIDE the default (cuda.wide_enabled).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MAX_JOBS=16 OSCAR_KERNEL_CACHE=/tmp/oscar-kernel-cache

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run 157: the session's last device call. `python3 -m quant.kernels.build` (new: every default build in parallel),
 # then every GPU test file with the committed default (WIDE on, no switch set).
-#   OUT=$OUT bash results/bench/experiments/h100-run154-157-wide-default/run157.sh
+#   OUT=$OUT bash results/bench/experiments/h100-run154-158-wide-default/run157.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MAX_JOBS=16 OSCAR_KERNEL_CACHE=/tmp/oscar-kernel-cache
 unset OSCAR_WIDE_DECODE

@@ -2,7 +2,7 @@
 # Run 156: the GPU tests of the committed default (WIDE on, the rule with 8 query rows a KV head), no switch set:
 # both head dims of both builds, tests/test_csrc.py and tests/test_graph_decode.py; then the thinker's 2 x 4K / 8K
 # default launch (now WIDE) against the narrow build, two passes.
-#   OUT=$OUT bash results/bench/experiments/h100-run154-157-wide-default/run156.sh
+#   OUT=$OUT bash results/bench/experiments/h100-run154-158-wide-default/run156.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MAX_JOBS=16 OSCAR_KERNEL_CACHE=/tmp/oscar-kernel-cache
 unset OSCAR_WIDE_DECODE

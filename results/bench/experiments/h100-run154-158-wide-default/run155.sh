@@ -3,7 +3,7 @@
 # of the thinker, Qwen3 1 x 8K / 16K and batch 2 (two interleaved passes, dirty / read-only flush us); then LLaVA
 # 16 x 32K, run 154's one flagged time (607 -> 680 us dirty, a batch-16 step that WIDE never takes), in two fresh
 # bench processes.
-#   OUT=$OUT bash results/bench/experiments/h100-run154-157-wide-default/run155.sh
+#   OUT=$OUT bash results/bench/experiments/h100-run154-158-wide-default/run155.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD MAX_JOBS=16 OSCAR_KERNEL_CACHE=/tmp/oscar-kernel-cache
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
