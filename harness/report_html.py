@@ -127,13 +127,18 @@ def published_plot(bench: dict[str, Any]) -> str:
     return png(fig)
 
 
-def latest_run(rows: list[dict[str, Any]]) -> str | None:
-    """The newest run folder among bench rows: the largest number in its name (h100-run39 after h100-run36)."""
+def _run_number(run: str) -> int:
+    """The last number in a run folder's name (39 in h100-run39), -1 where it has none."""
     import re
 
+    numbers = re.findall(r"\d+", run)
+    return int(numbers[-1]) if numbers else -1
+
+
+def latest_run(rows: list[dict[str, Any]]) -> str | None:
+    """The newest run folder among bench rows: the largest number in its name (h100-run39 after h100-run36)."""
     runs = {r.get("run") for r in rows if r.get("run")}
-    key = lambda run: [int(n) for n in re.findall(r"\d+", run)][-1:] or [-1]  # noqa: E731
-    return max(runs, key=lambda run: (key(run), run)) if runs else None
+    return max(runs, key=lambda run: (_run_number(run), run)) if runs else None
 
 
 SPEED_SHAPES = {"qwen3-8b": "Qwen3-8B (32 q / 8 kv heads)", "llava-7b": "LLaVA-7B (32 / 32)",
@@ -234,13 +239,6 @@ def speed_tables(rows: list[dict[str, Any]]) -> str:
         parts += [f"<h3>{HISTORY_VARIANT}, us, by run (the last {len(runs)}; each run is the code of its day, "
                   "quant/kernels/NOTES.md)</h3>", table(["shape", "batch", "context", *runs], cells, "history")]
     return "\n".join(parts)
-
-
-def _run_number(run: str) -> int:
-    import re
-
-    numbers = re.findall(r"\d+", run)
-    return int(numbers[-1]) if numbers else -1
 
 
 def _discard(fig) -> None:

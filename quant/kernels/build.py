@@ -54,8 +54,6 @@ def build_one(spec: str) -> str:
 def build_all(specs: list[str], layers: bool = True, timeout: float = 600) -> int:
     """Run one `--one SPEC` process per build at once; print each one's name and seconds. Returns how many failed."""
     jobs = [*specs, *(["layers"] if layers else [])]
-    for spec in specs:
-        parse_spec(spec)  # a bad spec fails here, before any nvcc
     t0 = time.time()
     procs = {spec: subprocess.Popen([sys.executable, "-m", "quant.kernels.build", "--one", spec],
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for spec in jobs}
@@ -90,10 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         name = build_one(a.one)
         print(f"built {name} in {time.time() - t:.0f} s")
         return 0
+    specs = a.specs or default_specs()
     try:
-        specs = a.specs or default_specs()
         for spec in specs:
-            parse_spec(spec)
+            parse_spec(spec)  # a bad spec fails here, before any nvcc
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
