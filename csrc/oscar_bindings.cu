@@ -75,7 +75,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
                         static_cast<int>(tokens), static_cast<int>(num_splits), static_cast<int>(split_tokens),
                         static_cast<float>(scaling * 1.4426950408889634), rotate, rotate_out, window_cta,
                         static_cast<int>(order), static_cast<int>(merge_group), nullptr};
-  if (trace.numel() > 0) {  // diagnostics: per CTA kTraceSlots u64 (quant/kernels/sweep_splits.py)
+  if (trace.numel() > 0) {  // diagnostics: per CTA kTraceSlots u64 (harness/bench/dev/sweep_splits.py)
     TORCH_CHECK(trace.scalar_type() == torch::kInt64 && trace.is_cuda() && trace.is_contiguous() &&
                     trace.numel() >= (num_splits + 1) * b * hkv * oscar::kTraceSlots,
                 "trace must be a contiguous int64 CUDA tensor of (splits + 1) * B * Hkv * ", oscar::num(oscar::kTraceSlots));
@@ -119,7 +119,7 @@ std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, b
   return {kc, ks, kz, vc, vs, vz, norms};
 }
 
-// Speed-of-light references (quant/kernels/floor.py): stream all bytes of buf once with `ctas` CTAs of `threads`
+// Speed-of-light references (harness/bench/floor.py): stream all bytes of buf once with `ctas` CTAs of `threads`
 // (async: by cp.async with the L2 evict-first policy, the decode's path; else ld.global.nc into registers);
 // launch `ctas` empty CTAs that ask for `smem` bytes of shared memory. sink: a CUDA int32 tensor of >= 1 element.
 void read_floor(torch::Tensor buf, torch::Tensor sink, int64_t ctas, int64_t threads, bool async) {
@@ -148,7 +148,7 @@ void empty_launch(torch::Tensor sink, int64_t ctas, int64_t threads, int64_t sme
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "OScaR split-KV decode attention over the packed INT2 cache (frag code order)");
   m.def("pack", &pack, "OScaR rotate + token norm + INT2 quantize + pack of a block of K, V");
-  m.def("read_floor", &read_floor, "stream a buffer once (the decode's byte floor, quant/kernels/floor.py)");
+  m.def("read_floor", &read_floor, "stream a buffer once (the decode's byte floor, harness/bench/floor.py)");
   m.def("empty_launch", &empty_launch, "launch empty CTAs (the decode's launch floor)");
   m.attr("head_dim") = D;
   m.attr("decode_smem_bytes") = static_cast<int64_t>(sizeof(oscar::DecodeSmem<D, 1>));  // <= 8 query rows

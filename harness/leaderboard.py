@@ -50,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
     newest = newest_bench_file(Path(args.bench_dir), bench)
     targets = None
     if newest is not None:
-        from harness import bench_check
+        from harness.bench import check as bench_check
 
         targets = bench_check.target_rows(bench_check.load(newest))
     html_path = report_html.write(Path(args.html), groups, paper, bench, len(runs), targets,
@@ -91,7 +91,7 @@ BENCH_VARIANTS = {"sdpa_cudnn": "BF16 SDPA cuDNN", "sdpa_flash": "BF16 SDPA flas
                   "sdpa_flash_graph_clean": "BF16 SDPA flash graph, clean L2",
                   "oscar_triton_graph_us": "OScaR INT2 Triton graph",
                   "oscar_triton_graph_clean_us": "OScaR INT2 Triton graph, clean L2",
-                  # a bare stream of the step's packed bytes (quant/kernels/floor.py): what no decode goes below
+                  # a bare stream of the step's packed bytes (harness/bench/floor.py): what no decode goes below
                   "floor_read_us": "read floor (bare stream)", "floor_read_clean_us": "read floor, clean L2"}
 
 

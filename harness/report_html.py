@@ -290,7 +290,7 @@ def published_section(paper: dict[str, Any]) -> str:
 
 
 def targets_table(targets: list[dict[str, Any]] | None, source: str | None) -> str:
-    """The kernel targets of the newest bench run (harness.bench_check.target_rows), missed ones marked."""
+    """The kernel targets of the newest bench run (harness.bench.check.target_rows), missed ones marked."""
     if not targets:
         return ""
     f = lambda x: "–" if x is None else f"{x:.3g}"  # noqa: E731

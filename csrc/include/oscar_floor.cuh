@@ -1,4 +1,4 @@
-// Speed-of-light references for the decode kernel (quant/kernels/floor.py): what any kernel pays to stream a
+// Speed-of-light references for the decode kernel (harness/bench/floor.py): what any kernel pays to stream a
 // given number of bytes once, and to launch a grid of the decode kernel's shape, timed the way the decode is.
 // They compute nothing useful; their times bound what the decode kernel can reach.
 #pragma once
