@@ -1,14 +1,14 @@
 """`oscar-eval bench-check NEW [--against OLD]`: a `make bench` JSON read against the kernel issue's targets, and
 against an older bench JSON of the same GPU (speed regressions between code versions fail loudly).
 
-Targets (the numbers the kernels must show on one H100, one run): decode attention against the best BF16 of the same
-run at 1 x 128K and 16 x 32K (>= 4.5x), 64 x 4K (>= 3.5x) and 1 x 4K (not slower); effective bandwidth (packed bytes
+Targets (the numbers the kernels must show on one H100, in one bench JSON): decode attention against the best BF16 of
+the same file at 1 x 128K and 16 x 32K (>= 4.5x), 64 x 4K (>= 3.5x) and 1 x 4K (not slower); effective bandwidth (packed bytes
 / time, as a fraction of the device-to-device copy bandwidth) >= 0.75 at 1 x 128K and 16 x 32K; the pack of one
 decode step <= 10% of the attention at 32K; a 128K prefill packed at >= 50% of copy bandwidth; end to end (Qwen3-8B
 shape) a 1 x 128K step >= 1.6x faster, the largest batch that fits >= 4.5x the BF16 tokens/s, KV >= 5.3x smaller.
 
 Each decode target is read per model shape, with the graph time after both L2 flushes (dirty: do_bench's zero-fill;
-clean: a read-only flush, what a model's decode step sees) and beside the bare-stream ceiling of the same run
+clean: a read-only flush, what a model's decode step sees) and beside the bare-stream ceiling of the same file
 (best BF16 / the time a kernel that only reads the bytes takes, harness.bench.floor): a target above that ceiling
 is out of reach for any kernel of these bytes on that GPU, and is marked so.
 
@@ -30,7 +30,7 @@ class BenchFileError(ValueError):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("new", help="a `make bench` JSON (results/bench/.../bench-*.json)")
+    p.add_argument("new", help="a `make bench` JSON (the reference of a GPU kind: results/bench/<gpu>.json)")
     p.add_argument("--against", default=None, help="an older bench JSON of the same GPU: report every change, "
                    "fail (exit 1) on a slowdown beyond --max-slowdown")
     p.add_argument("--max-slowdown", default="5%", help="tolerated slowdown per point (default 5%%; run-to-run noise "
@@ -219,7 +219,7 @@ def ratio(a: Any, b: Any) -> float | None:
     return a / b if a is not None and b else None
 
 
-# ---------------------------------------------------------------- against an older run
+# ---------------------------------------------------------------- against an older bench JSON
 
 
 GPU_BOUND_PACK_US = 100.0  # eager pack calls shorter than this time the host's launches more than the GPU
@@ -230,8 +230,9 @@ def _timings(data: dict) -> dict[tuple, tuple[float, bool]]:
 
     Gated (a slowdown fails the check): OScaR's graph-replayed decode times and e2e steps (GPU time), and prefill
     packs long enough to be GPU-bound. Reported only: the BF16 baselines (not our code, but they say how far the
-    machine differed between runs), eager times (host-bound at short contexts: the same code measured 18-41 us for
-    one 128-token pack in runs 99 and 107) and `generate`'s wall time per token (6.8-7.2 ms in runs 99-116)."""
+    machine differed between runs), eager times (host-bound at short contexts: the same code has measured 18-41 us
+    for one 128-token pack on one H100) and `generate`'s wall time per token (it has moved by 6% between runs of the
+    same code)."""
     out = {}
     for r in data.get("kernels") or []:
         if "error" in r:
@@ -312,8 +313,8 @@ def format_changes(rows: list[dict], max_slowdown: float, show_all: bool = False
     if n_reg:
         lines.append("re-measure a flagged point before blaming the code (oscar-eval bench --what kernels --shapes S "
                      "--points BxT, on a fresh machine if it repeats): at LLaVA 16 x 32K the graph replay after "
-                     "do_bench's flush takes 607 or 682-684 us by process and machine with the same code, its eager "
-                     "and clean times steady (runs 118, 139-143)")
+                     "do_bench's flush has taken 607 or 682-684 us by process and machine with the same code, its eager "
+                     "and clean times steady")
     lines.append(f"{len(rows)} times in both runs, {len(gated)} of them gated (GPU-bound OScaR times: geometric mean "
                  f"change {100 * geo:+.1f}%, {n_reg} regression(s) beyond {100 * max_slowdown:g}%)"
                  + ("" if show_all else "; --all lists every time, the BF16 baselines and eager times too"))

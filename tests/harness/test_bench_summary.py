@@ -31,7 +31,7 @@ def test_summary_without_floor_has_no_ceiling():
 
 
 def test_summary_keeps_a_row_whose_cuda_decode_failed():
-    # a failed backend leaves its error's text in the row (run 153's first try): the row is summarized, not the bench
+    # a failed backend leaves its error's text in the row: the row is summarized, not the bench stopped
     row = {"shape": "qwen3-8b", "batch": 1, "context": 32768, "sdpa_cudnn": 65.0, "oscar_bytes": 2.5e7,
            "oscar_cuda_us": "RuntimeError: oscar decode launch failed: invalid argument", "pack_block128_us": 12.8,
            "pack_prefill_us": 10.0, "pack_prefill_bytes": 1e7}
@@ -44,7 +44,7 @@ def test_largest_batch_is_sized_from_the_real_contexts_bytes():
     from harness.bench import batch_that_fits
 
     gib = 2**30
-    # run 52's 1 x 128K probes on an 80 GB H100 (79.65 GiB): the BF16 cache is 18.04 GiB a sequence, OScaR's 3.42
+    # 1 x 128K probes on an 80 GB H100 (79.65 GiB): the BF16 cache is 18.04 GiB a sequence, OScaR's 3.42
     assert batch_that_fits(int(18.04 * gib), int(15.97 * gib), int(79.65 * gib)) == 3
     assert batch_that_fits(int(3.42 * gib), int(16.01 * gib), int(79.65 * gib)) == 18
     assert batch_that_fits(int(3.42 * gib), int(16.01 * gib), int(79.65 * gib), slack=6 * gib) == 16
