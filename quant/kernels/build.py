@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not torch.cuda.is_available():
         print("error: no CUDA GPU here: the extensions are built for the GPU they run on (cuda.target_arch). Without "
-              "one, `pytest tests/test_csrc.py` compiles the sources for sm_90a with nvcc.", file=sys.stderr)
+              "one, `pytest tests/kernels/test_csrc.py` compiles the sources for sm_90a with nvcc.", file=sys.stderr)
         return 1
     return 1 if build_all(specs, layers=not a.no_layers, timeout=a.timeout) else 0
 

@@ -125,8 +125,8 @@ def test_frag_order_roundtrip_and_semantics():
         assert f.order == "frag" and f.codes.shape == q.codes.shape and f.scale.shape == q.scale.shape
         assert torch.equal(f.dequantize(), q.dequantize())
         assert torch.equal(f.to_order("natural").codes, q.codes)
-        # contiguous in either order, as the kernels read them: a view here cost the Triton decode a transposing
-        # copy inside every call (33 MB at 1 x 128K, run 93)
+        # contiguous in either order, as the kernels read them: a view here would cost the Triton decode a
+        # transposing copy inside every call (33 MB at 1 x 128K)
         for t in (q, f, f.to_order("natural")):
             assert all(x.is_contiguous() for x in (t.codes, t.scale, t.zero)), (axis, t.order)
         both = q.cat(f)  # appending converts the other side to self's order

@@ -1,7 +1,7 @@
 """The CUDA RMSNorm and RoPE (csrc/include/oscar_rmsnorm.cuh, oscar_rope.cuh; launched by quant.kernels.cuda) against
 transformers' own modules and float64, and the dispatch that puts them under patched models in place of Triton's.
 
-Same rules as the Triton kernels' tests (tests/test_kernels_norm.py, test_kernels_rope.py): the norm's error against
+Same rules as the Triton kernels' tests (tests/kernels/test_kernels_norm.py, test_kernels_rope.py): the norm's error against
 float64 is at most 2x transformers' own; RoPE gives transformers' bits. The layout checks that decide between the
 CUDA and Triton kernels run on the CPU too.
 """

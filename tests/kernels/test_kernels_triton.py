@@ -62,8 +62,8 @@ def test_decode_values_as_they_come():
 
 
 def test_decode_launch_tuning_keeps_the_result():
-    # num_warps / num_stages / waves / maxnreg (the launch's tuning knobs, swept in runs 87 and 92 and by the tl
-    # order's study) change the tiling and the split plan, not the result: still within 2x the bf16 error.
+    # num_warps / num_stages / waves / maxnreg (the launch's tuning knobs) change the tiling and the split plan,
+    # not the result: still within 2x the bf16 error.
     kv = make_cache(2, 2, 256, 11, 64, seed=41)
     q = torch.randn(2, 8, 1, 64, generator=torch.Generator().manual_seed(42)).to(torch.bfloat16)
     ref = attention_f64(q, kv, 0.125)
@@ -83,10 +83,11 @@ def test_decode_merges_more_splits_than_one_chunk(rotate_values):
 
 
 def test_plan_splits_one_wave_where_rows_are_few():
-    # Run 95 (H100, 132 SMs, 2 programs each): Qwen3 1 x 128K, 8 rows, ran 168 us with 32 splits (8 x 33 programs:
-    # exactly one wave with the window's) against 220 us for the 3-wave rule's 49. Batched points keep that rule.
+    # On the H100 (132 SMs, 2 programs each) Qwen3 1 x 128K, 8 rows, runs faster with 32 splits (8 x 33 programs:
+    # exactly one wave with the window's) than with the 3-wave rule's 49 (168 against 220 us). Batched points keep
+    # that rule.
     assert triton_decode.plan_splits(130944, 8, 128, 132, 2) == (4096, 32)
-    assert triton_decode.plan_splits(3968, 8, 128, 132, 2) == (512, 8)  # splits of >= 4 blocks (run 95: 8 was best)
+    assert triton_decode.plan_splits(3968, 8, 128, 132, 2) == (512, 8)  # splits of >= 4 blocks (8 measured best)
     assert triton_decode.plan_splits(130944, 4, 128, 132, 2) == (2048, 64)  # the omni thinker's 4 KV heads
     assert triton_decode.plan_splits(32640, 128, 128, 132, 2) == (8192, 4)  # 16 x 32K: <4 splits fit a wave
     assert triton_decode.plan_splits(130944, 8, 128, 132, 2, waves=3) == (2688, 49)  # a given waves: the old rule

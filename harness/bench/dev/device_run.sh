@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session: build the CUDA specializations, run the kernel tests on the GPU, then benchmark.
+# A fresh GPU machine: build the CUDA specializations, run the kernel tests on the GPU, then benchmark.
 # Usage (repo root, on the GPU machine): OUT=<dir> bash harness/bench/dev/device_run.sh [bench args...]
 # Everything lands under $OUT (logs, JSON); the last lines printed are the tables.
 set -u
@@ -16,7 +16,7 @@ t0=$(date +%s)
 timeout 330 $PY -m quant.kernels.build ${BUILD_VARIANTS:-128:3 64:3 128:1:8 64:1:8} --timeout 300 2>&1 | tee "$OUT/build.log"
 echo "build stage: $(( $(date +%s) - t0 ))s"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 240 $PY -m pytest tests/test_csrc.py tests/test_kernels_triton.py tests/test_kernels_hf.py -q --tb=short \
+  timeout 240 $PY -m pytest tests/kernels/test_csrc.py tests/kernels/test_kernels_triton.py tests/kernels/test_kernels_hf.py -q --tb=short \
     -p no:cacheprovider 2>&1 | tail -n 40 | tee "$OUT/tests.log"
   echo "tests stage: $(( $(date +%s) - t0 ))s"
 fi

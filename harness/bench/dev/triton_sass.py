@@ -7,10 +7,10 @@ registers, spills and shared memory, and count the instructions of each loop of 
 Triton compiles for a GPU target on any machine (its wheel carries ptxas and cuobjdump). The compile gets the
 divisibility hints a real launch specializes on (16-byte aligned tensors, T and split_tokens multiples of 128, the
 window's strides multiples of D): without them the tl order's scale loads cannot be shown aligned and are neither
-vectorized nor cp.async-staged (1182 instructions per block instead of 771 under Triton 3.6). Session 14 used this to
-find what the natural-order loop spent (quant/kernels/NOTES.md, seventeenth round), session 15's helper study to find
-the tl order (twenty-first round). Counts are a guide to what the GPU will do, not a time: run 91 measured 1.1-1.3x
-where the counts promised 1.3-1.4x; the tl order's 2.4x fewer instructions gave 1.95-2.4x.
+vectorized nor cp.async-staged (1182 instructions per block instead of 771 under Triton 3.6). The counts showed
+where the natural-order loop spent its instructions and guided the design of the tl order (docs/KERNELS.md). They
+are a guide to what the GPU will do, not a time: the tl order's 2.4x fewer instructions per block than the
+natural-order loop gave 1.95-2.4x on the H100, and smaller cuts have given less than they promised.
 """
 from __future__ import annotations
 
