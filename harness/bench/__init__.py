@@ -66,7 +66,7 @@ def clean_l2_us(fn, reps: int = 100) -> float:
     """Median GPU time (us) of fn after an L2 flush that leaves only clean lines: a 256 MB buffer is read (summed),
     not written. do_bench's flush zero-fills its buffer, so up to the whole L2 (50 MB on an H100) is dirty when the
     timed kernel starts and its reads first force those lines back to DRAM: a tax of about 10 us on SDPA cuDNN and
-    5-8 us on the OScaR kernel on an H100 (run 24, quant/kernels/NOTES.md), a larger share of a shorter kernel. In
+    2-15 us on the OScaR kernel on an H100 (docs/PERFORMANCE.md), a larger share of a shorter kernel. In
     a model's decode step the attention follows the weight GEMMs, which only read: the state a real step meets."""
     import torch
 
@@ -428,8 +428,8 @@ def largest_batch(model, cfg, kind, ctx, steps, backend, probe: dict | None = No
     per sequence, and its peak memory besides the cache), then stepped down one sequence at a time on OOM.
 
     The probe must be at the real context: a cache's fixed parts (OScaR's 128-token bf16 window, the capacity
-    rounding) weigh 15% of a 4K sequence and 0.5% of a 128K one, so a short probe undercounts what fits (run 52:
-    14 OScaR sequences at 128K where 17 fit)."""
+    rounding) weigh 15% of a 4K sequence and 0.5% of a 128K one, so a short probe undercounts what fits (a 4K
+    probe fits 14 OScaR sequences at 128K where 17 fit)."""
     import torch
 
     if probe is None or probe.get("context") != ctx or probe.get("batch") != 1:
@@ -456,7 +456,7 @@ def run_e2e(args) -> list[dict]:
         for kind in ("bf16", "oscar"):
             try:
                 rows.append(e2e_point(model, cfg, kind, 1, ctx, args.e2e_steps, backend))
-            except Exception as e:  # noqa: BLE001  (one failing point must not lose the others: run 153's first try)
+            except Exception as e:  # noqa: BLE001  (one failing point must not lose the others)
                 torch.cuda.empty_cache()
                 error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
                 rows.append({"kind": kind, "context": ctx, "error": error})

@@ -3,16 +3,16 @@ puts them under a transformers model.
 
 A decode step at batch 1 multiplies one token by every weight matrix: a stream of 16 GB for a Qwen3-8B shape.
 cuBLAS runs most of those shapes as a split-K GEMM and a second reduction kernel; the q/k/v and output
-projections reach ~1.5-2.6 TB/s (run 49's profile). The kernel here reads each weight once with all of K in one
+projections reach ~1.5-2.6 TB/s (profiled on an H100). The kernel here reads each weight once with all of K in one
 CTA and writes the rounded result directly; the MLP's silu(gate(x)) * up(x) is one launch instead of four, and an
 attention's q, k and v projections are one launch instead of three (`ATTENTION_CLASSES`, `_qkv_forward`).
-The kernel takes up to 8 tokens (`MAX_TOKENS`) in fp16/bf16, but beats cuBLAS only up to 2 (`FAST_TOKENS`, run
-50-51: at 3-8 tokens the activation reloads and the FMAs catch up with the weight stream, and cuBLAS's tensor
+The kernel takes up to 8 tokens (`MAX_TOKENS`) in fp16/bf16, but beats cuBLAS only up to 2 (`FAST_TOKENS`; on
+the H100, at 3-8 tokens the activation reloads and the FMAs catch up with the weight stream, and cuBLAS's tensor
 cores win), so patched models use it for 1-2 tokens (a batch-1 or batch-2 decode step); everything else
 (prefill, larger batches, training, CPU) goes to torch.
 
 Numerics: float32 accumulation and one rounding per output, as a cuBLAS GEMM; only the summation order differs,
-so results are within the error of torch's own bf16 GEMM against float64 (tests/test_kernels_linear.py), not bit
+so results are within the error of torch's own bf16 GEMM against float64 (tests/kernels/test_kernels_linear.py), not bit
 for bit. The gated MLP rounds g, silu(g), u and silu(g) * u to the dtype, as transformers' separate kernels do.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ DTYPES = (torch.float16, torch.bfloat16)
 MAX_TOKENS = 8
 FAST_TOKENS = 2
 # Dense MLPs whose forward is exactly down_proj(act_fn(gate_proj(x)) * up_proj(x)) (transformers 5.x, checked
-# against the installed source by tests/test_kernels_linear.py); fused only when act_fn is SiLU.
+# against the installed source by tests/kernels/test_kernels_linear.py); fused only when act_fn is SiLU.
 MLP_CLASSES = {
     "llama": ("LlamaMLP",),
     "mistral": ("MistralMLP",),
@@ -41,7 +41,7 @@ MLP_CLASSES = {
     "smollm3": ("SmolLM3MLP",),
 }
 # Attention modules whose forward calls q_proj, k_proj and v_proj in that order on the same hidden_states tensor
-# (transformers 5.x, checked against the installed source by tests/test_kernels_linear.py): the three run as one
+# (transformers 5.x, checked against the installed source by tests/kernels/test_kernels_linear.py): the three run as one
 # launch (`_qkv_forward`).
 ATTENTION_CLASSES = {
     "llama": ("LlamaAttention",),

@@ -20,9 +20,8 @@ The loop (per 128-token block, transposed products S^T = K Q^T and O^T = V^T P^T
 - (code * scale + zero) is one fp16 FMA: the dequantized values are those of quant.primitives, one rounding;
 - the split's whole blocks run without masks, its last partial block as one masked step after the loop;
 - V^T is built after the softmax's cross-warp max, and the row sums are reduced once after the loop.
-H100 (quant/kernels/NOTES.md, twenty-first round): 771 instructions per thread per block under Triton 3.6, against
-1827 for the previous natural-order kernel, and 1.95-2.4x faster at long contexts. The layout was found by a
-helper study (variants v1-v6, kept in the notes).
+H100: 771 instructions per thread per block under Triton 3.6, against 1827 for a loop over the natural code order,
+and 1.95-2.4x faster than that loop at long contexts (docs/KERNELS.md).
 """
 from __future__ import annotations
 
@@ -36,8 +35,8 @@ LOG2E = 1.4426950408889634
 BLOCK_T = 128  # tokens per step of a split's loop: the tl order's block
 # Dots of fp32 operands (the window, the rotation back) on TF32 tensor cores. The window's q and k hold bf16 (or fp16)
 # values, which TF32 carries exactly (fp16's last mantissa bit aside); P and the merged output lose bits below 2^-11,
-# under the bf16 output's 2^-9. "ieee" runs on the FMA units: the merge's 16 x 128 x 128 rotation alone took ~155 us a
-# step on the H100 (run 88), and Triton's "tf32x3" compiled too slowly for the GPU tests (run 89).
+# under the bf16 output's 2^-9. "ieee" runs on the FMA units: the merge's 16 x 128 x 128 rotation alone takes ~155 us a
+# step on the H100, and Triton's "tf32x3" compiles too slowly for the GPU tests.
 PRECISE = tl.constexpr("tf32")
 
 
@@ -252,8 +251,8 @@ def combine_kernel(PO, PML, HD, OUT, num_splits,
     """Merge the splits of one query row by log-sum-exp: program (b, h, r) for the GROUP * LQ real rows of M;
     out = (O_q @ Hd + O_r) / L into OUT [B, Hq, LQ, D] (O_q as it is without ROTATE_OUT: the model's weights carry
     V's rotation). Online over chunks of NS splits whose loads ([NS] of m and l, [NS, D] of O) are all in flight at
-    once: one round of L2 latency per chunk. (One program per (b, h) looping over the splits one at a time took
-    ~0.35 us a split on the H100: 12 us of Qwen3's 1 x 128K step, 24 of the thinker's, run 104.)"""
+    once: one round of L2 latency per chunk. (One program per (b, h) looping over the splits one at a time takes
+    ~0.35 us a split on the H100: 12 us of Qwen3's 1 x 128K step, 24 of the thinker's.)"""
     pid = tl.program_id(0)
     bh = pid // (GROUP * LQ)
     r = pid % (GROUP * LQ)
@@ -317,9 +316,9 @@ def plan_splits(tokens: int, rows: int, block: int, sms: int, programs: int, wav
     """(split_tokens, splits) of the Triton decode. rows = B * Hkv; programs: resident programs per SM.
 
     waves=None: when at least 4 splits of each row fit one wave with the window's programs (rows * (splits + 1) <=
-    sms * programs), exactly one wave of splits of >= min_blocks blocks (run 95, Qwen3 1 x 128K: 32 splits, 264
-    programs on 132 SMs x 2, 168 us, where the 3-wave rule's 49 splits ran 1.5 waves in 220 us); else rows * splits ~
-    3 x sms (common.choose_split, as before run 95). A given `waves` always takes the latter rule."""
+    sms * programs), exactly one wave of splits of >= min_blocks blocks (H100, Qwen3 1 x 128K: 32 splits, 264
+    programs on 132 SMs x 2, 168 us, where the 3-wave rule's 49 splits run 1.5 waves in 220 us); else rows * splits ~
+    3 x sms (common.choose_split). A given `waves` always takes the latter rule."""
     from quant.kernels.common import choose_split
 
     one_wave = sms * programs // max(rows, 1) - 1
@@ -350,8 +349,8 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, spl
     sequence's window (the kernels mask inside the window only; host lengths are checked, quant.kernels.common).
     split_tokens: tokens per split, a multiple of 128 (default: plan_splits, with `waves` and the compiled kernel's
     programs per SM). The launch's tuning: num_warps, num_stages (Triton's software pipelining; None: its default),
-    maxnreg (a register cap per thread; None: the compiler's choice). The helper study measured 4 warps and the
-    compiler's registers best (8 warps and maxnreg=168 slower, 3 stages equal).
+    maxnreg (a register cap per thread; None: the compiler's choice). On the H100, 4 warps and the compiler's
+    registers measure best (8 warps and maxnreg=168 slower, 3 stages equal).
     """
     import dataclasses
 

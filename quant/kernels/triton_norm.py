@@ -25,7 +25,7 @@ MAX_N = 16384
 # Triton picks its interpreter when it is imported; the kernel then rounds bf16 by hand (`_round`).
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Classes whose forward was read in transformers 5.x (and is checked against Qwen3RMSNorm's by
-# tests/test_kernels_norm.py): transformers.models.<module>.modeling_<module>.<class>. Gemma-style norms
+# tests/kernels/test_kernels_norm.py): transformers.models.<module>.modeling_<module>.<class>. Gemma-style norms
 # scale by (1 + weight) and round after the multiply: never listed.
 ALLOWED = {
     "llama": ("LlamaRMSNorm",),

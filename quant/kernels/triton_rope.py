@@ -5,7 +5,7 @@ csrc/include/oscar_rope.cuh, same bits); this kernel is the fallback and the one
 
 transformers applies RoPE as `q * cos + rotate_half(q) * sin` (and the same for k): ten elementwise kernels
 per layer (4 multiplies, 2 adds, 2 negations, 2 concatenations). At batch 1 they are ~0.7 ms of a 36-layer
-Qwen3-8B decode step on an H100 (run 26's profile), about as much as the OScaR attention saves beside
+Qwen3-8B decode step on an H100 (profiled), about as much as the OScaR attention saves beside
 them. The kernel does one (batch, position) per program, every q and k head, and reproduces transformers'
 bits for fp16/bf16: each product is rounded to the input dtype, then their sum (a product of two 16-bit
 floats is exact in float32, so float32 math then one rounding is torch's result for each op).
@@ -23,7 +23,7 @@ from quant.kernels.triton_norm import INTERPRET, _round
 
 DTYPES = (torch.float16, torch.bfloat16)
 # Modules whose apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) was read in transformers 5.x and is the
-# formula above (tests/test_kernels_rope.py checks each against the kernel, bit for bit).
+# formula above (tests/kernels/test_kernels_rope.py checks each against the kernel, bit for bit).
 ALLOWED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_moe", "qwen3_omni_moe", "smollm3")
 
 
