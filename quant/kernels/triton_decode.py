@@ -317,7 +317,7 @@ def plan_splits(tokens: int, rows: int, block: int, sms: int, programs: int, wav
 
     waves=None: when at least 4 splits of each row fit one wave with the window's programs (rows * (splits + 1) <=
     sms * programs), exactly one wave of splits of >= min_blocks blocks (H100, Qwen3 1 x 128K: 32 splits, 264
-    programs on 132 SMs x 2, 168 us, where the 3-wave rule's 49 splits run 1.5 waves in 220 us); else rows * splits ~
+    programs on 132 SMs x 2, 168 us, where the 3-wave rule's 49 splits take 1.5 waves and 220 us); else rows * splits ~
     3 x sms (common.choose_split). A given `waves` always takes the latter rule."""
     from quant.kernels.common import choose_split
 
