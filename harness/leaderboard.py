@@ -1,32 +1,41 @@
-"""`oscar-eval leaderboard`: markdown and HTML tables built only from result files.
+"""`oscar-eval leaderboard`: markdown and HTML tables built only from result files and the bench references.
 
-Inputs: every result file under results/runs/ (validated; an invalid file stops the build with its
-name), the paper's published numbers in results/paper.json (shown in their own tables, marked
-published, never merged with measured rows) and speed figures from `make bench` under results/bench/.
-Outputs: results/LEADERBOARD.md, the README's results section (between the markers below, when the
-README has them) and results/leaderboard/index.html with its plots embedded.
+Inputs: every result file under results/runs/ (validated; an invalid file stops the build with its name), the paper's
+published numbers in results/paper.json (their own tables, marked published, never merged with measured rows) and the
+reference `make bench` JSON of each GPU kind, results/bench/<gpu-kind>.json.
+Outputs: results/LEADERBOARD.md, the README's results section (the text between README_START and README_END is
+replaced by the markdown) and results/leaderboard/index.html (harness.report_html; built, not committed).
+
+Order, for a reader: measured results of trained weights; speed and memory of each GPU kind; published numbers; then,
+collapsed, the pipeline checks: results of models without trained weights (tiny replicas, or real shapes with random
+weights), which show that the code path runs, how fast and in how much memory, never how accurate a method is.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness import results as R
+from harness.bench import check as bench_check
 
 # Display order of the presets (quant.list_methods()); unknown names follow alphabetically.
 METHOD_ORDER = ("bf16", "kivi", "quarot", "rotatekv", "ott", "turboquant", "oscar",
                 "oscar-rotation-only", "oscar-scaling-only")
 README_START = "<!-- leaderboard:start -->"
 README_END = "<!-- leaderboard:end -->"
+GiB = 2**30
+
+Group = dict[tuple[str, str, str], list[dict[str, Any]]]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", default=str(R.RUNS_DIR))
     p.add_argument("--paper", default="results/paper.json")
-    p.add_argument("--bench-dir", default="results/bench")
+    p.add_argument("--bench-dir", default="results/bench", help="one reference bench JSON per GPU kind: <kind>.json")
     p.add_argument("--markdown", default="results/LEADERBOARD.md")
     p.add_argument("--html", default="results/leaderboard/index.html")
     p.add_argument("--readme", default="README.md", help="README to update between the leaderboard markers")
@@ -40,22 +49,15 @@ def main(args: argparse.Namespace) -> int:
     except (R.ResultFileError, ValueError) as err:
         print(f"oscar-eval leaderboard: error: {err}", file=sys.stderr)
         return 2
-    groups = group_runs(runs)
-    md = markdown(groups, paper, len(runs))
+    board = build_board(runs, paper, bench)
+    md = markdown(board)
     Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
     Path(args.markdown).write_text(md, encoding="utf-8")
     updated = update_readme(Path(args.readme), md)
     from harness import report_html
 
-    newest = newest_bench_file(Path(args.bench_dir), bench)
-    targets = None
-    if newest is not None:
-        from harness.bench import check as bench_check
-
-        targets = bench_check.target_rows(bench_check.load(newest))
-    html_path = report_html.write(Path(args.html), groups, paper, bench, len(runs), targets,
-                                  str(newest) if newest else None)
-    print(f"{len(runs)} result files -> {args.markdown}, {html_path}"
+    html_path = report_html.write(Path(args.html), board)
+    print(f"{len(runs)} result files, {len(bench)} bench reference(s) -> {args.markdown}, {html_path}"
           + (f", {args.readme} (results section)" if updated else f" ({args.readme} has no {README_START} marker)"))
     return 0
 
@@ -80,70 +82,104 @@ def load_runs(runs_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-BENCH_VARIANTS = {"sdpa_cudnn": "BF16 SDPA cuDNN", "sdpa_flash": "BF16 SDPA flash", "flex": "BF16 FlexAttention",
-                  "oscar_cuda_us": "OScaR INT2 CUDA", "oscar_triton_us": "OScaR INT2 Triton",
-                  "oscar_cuda_graph_us": "OScaR INT2 CUDA graph",
-                  # after a read-only L2 flush (harness.bench._clean_l2_us), as in a model's decode step
-                  "sdpa_cudnn_clean": "BF16 SDPA cuDNN, clean L2", "sdpa_flash_clean": "BF16 SDPA flash, clean L2",
-                  "oscar_cuda_graph_clean_us": "OScaR INT2 CUDA graph, clean L2",
-                  "sdpa_cudnn_graph": "BF16 SDPA cuDNN graph", "sdpa_flash_graph": "BF16 SDPA flash graph",
-                  "sdpa_cudnn_graph_clean": "BF16 SDPA cuDNN graph, clean L2",
-                  "sdpa_flash_graph_clean": "BF16 SDPA flash graph, clean L2",
-                  "oscar_triton_graph_us": "OScaR INT2 Triton graph",
-                  "oscar_triton_graph_clean_us": "OScaR INT2 Triton graph, clean L2",
-                  # a bare stream of the step's packed bytes (harness/bench/floor.py): what no decode goes below
-                  "floor_read_us": "read floor (bare stream)", "floor_read_clean_us": "read floor, clean L2"}
+def load_bench(bench_dir: Path) -> dict[str, dict[str, Any]]:
+    """{GPU kind: its reference bench JSON (harness.bench's format), with the file's path in '_path'} for every
+    <kind>.json directly under bench_dir; a file that is not a bench result stops the build with its name."""
+    out = {}
+    for path in sorted(bench_dir.glob("*.json")) if bench_dir.is_dir() else []:
+        data = bench_check.load(path)
+        data["_path"] = str(path)
+        out[path.stem] = data
+    return out
 
 
-def load_bench(bench_dir: Path) -> list[dict[str, Any]]:
-    """Decode-attention rows of `make bench` files (results/bench/**/*bench*.json, harness.bench's format:
-    {"environment": {"device"}, "kernels": [{shape, batch, context, <variant>: us, ...}]}), one row per
-    (run folder, device, shape, batch, context, variant); files holding {"rows": [...]} pass through.
-    Folders named "experiments" hold runs of code that is not the current one: they are skipped."""
-    rows = []
-    for path in sorted(bench_dir.glob("**/*bench*.json")) if bench_dir.exists() else []:
-        if "experiments" in path.relative_to(bench_dir).parts:
-            continue
-        data = load_json(path)
-        run = str(path.parent.relative_to(bench_dir)) if path.parent != bench_dir else path.stem
-        if isinstance(data, dict) and "kernels" in data:
-            device = data.get("environment", {}).get("device", "?")
-            for k in data["kernels"]:
-                for key, label in BENCH_VARIANTS.items():
-                    if isinstance(k.get(key), (int, float)):
-                        rows.append({"run": run, "device": device, "shape": k.get("shape"), "batch": k.get("batch"),
-                                     "context": k.get("context"), "variant": label, "time_us": float(k[key])})
-        elif isinstance(data, dict) and isinstance(data.get("rows"), list):
-            rows += [{**row, "run": run} for row in data["rows"] if isinstance(row, dict)]
-    return rows
+# ---------------------------------------------------------------- grouping
 
 
-def newest_bench_file(bench_dir: Path, rows: list[dict[str, Any]]) -> Path | None:
-    """The `make bench` JSON of the newest run folder (report_html.latest_run), if it has kernel rows."""
-    from harness.report_html import latest_run
+def is_pipeline_check(result: dict[str, Any]) -> bool:
+    """True for a model without trained weights: a tiny replica (model.replica) or a real architecture with random
+    weights (model.random_weights, or model.weights == "random"). Such a result shows the code path, speed and memory,
+    never accuracy."""
+    model = result["model"]
+    return bool(model.get("replica") or model.get("random_weights") or model.get("weights") == "random")
 
-    run = latest_run(rows)
-    if run is None:
-        return None
-    files = sorted(p for p in (bench_dir / run).glob("*bench*.json") if "kernels" in load_json(p))
-    return files[-1] if files else None
+
+def failed_items(result: dict[str, Any]) -> int:
+    """Items that ended in an error: system.failed_items or n_errors where recorded, else samples with an 'error'."""
+    for recorded in (result["system"].get("failed_items"), result.get("n_errors")):
+        if isinstance(recorded, int):
+            return recorded
+    return sum(1 for s in result.get("samples", []) if "error" in s)
 
 
 def method_rank(name: str) -> tuple[int, str]:
     return (METHOD_ORDER.index(name), "") if name in METHOD_ORDER else (len(METHOD_ORDER), name)
 
 
-def group_runs(runs: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
-    """{(task, data, model): runs sorted by method}; groups of real weights first, tiny replicas after,
-    each by task then model."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+def group_runs(runs: list[dict[str, Any]]) -> tuple[Group, Group]:
+    """({(task, data, model): runs} of trained weights, the same of pipeline checks), groups by task then model,
+    runs by method."""
+    real: Group = {}
+    checks: Group = {}
     for r in runs:
+        groups = checks if is_pipeline_check(r) else real
         groups.setdefault((r["task"]["name"], r["task"]["data"], r["model"]["name"]), []).append(r)
-    order = sorted(groups, key=lambda k: (any(r["model"]["replica"] for r in groups[k]), k))
-    return {k: sorted(groups[k], key=lambda r: method_rank(r["method"]["name"])) for k in order}
+    return _by_method(real), _by_method(checks)
 
 
-# ---------------------------------------------------------------- rows shared by markdown and HTML
+def _by_method(groups: Group) -> Group:
+    return {k: sorted(groups[k], key=lambda r: method_rank(r["method"]["name"])) for k in sorted(groups)}
+
+
+@dataclass
+class Table:
+    """A table as text cells, shared by the markdown and the HTML page."""
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    row_ids: list[str] = field(default_factory=list)  # result file of each row (HTML data-run)
+    marked: list[bool] = field(default_factory=list)  # rows to highlight (missed targets)
+    note: str = ""
+
+
+@dataclass
+class Speed:
+    """One GPU kind's bench reference as tables, and the data its plots draw."""
+    gpu: str
+    data: dict[str, Any]
+    e2e: Table | None
+    targets: Table | None
+    kernels: Table | None
+
+
+@dataclass
+class Board:
+    """What the markdown and the HTML page show, in their order (harness.report_html draws from it)."""
+    n_files: int
+    results: list[tuple[Table, list[dict[str, Any]]]]  # trained weights: a table and its runs per group
+    speed: list[Speed]
+    source: str | None  # of the published numbers
+    published: list[tuple[Table, dict[str, Any]]]  # a table and its benchmark in paper.json
+    checks: list[Table]  # pipeline checks
+    methods: list[str]  # every method shown, in display order (one colour each on the page)
+    intro: str = ""
+    checks_title: str = ""
+
+
+def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench: dict[str, dict[str, Any]]) -> Board:
+    real, checks = group_runs(runs)
+    speed = [Speed(gpu, data, e2e_table(gpu, data), targets_table(gpu, data), kernel_table(gpu, data))
+             for gpu, data in bench.items()]
+    published = list(zip(paper_tables(paper), paper.get("benchmarks", []))) if paper else []
+    methods = sorted({r["method"]["name"] for r in runs}, key=method_rank)
+    n_checks = sum(len(g) for g in checks.values())
+    return Board(len(runs), [(result_table(k, g), g) for k, g in real.items()], speed,
+                 paper["source"] if paper else None, published,
+                 [result_table(k, g, pipeline_check=True) for k, g in checks.items()], methods,
+                 INTRO.format(n=len(runs)), CHECKS_TITLE.format(n=n_checks))
+
+
+# ---------------------------------------------------------------- result tables
 
 
 def fmt(x: float | None, digits: int = 4) -> str:
@@ -152,37 +188,39 @@ def fmt(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}" if abs(x) < 1e6 else f"{x:.3e}"
 
 
-def group_title(key: tuple[str, str, str], runs: list[dict[str, Any]]) -> str:
+def group_title(key: tuple[str, str, str]) -> str:
     task, data, model = key
-    tags = [f"{data} data"] if data != "official" else []
-    if any(r["model"]["replica"] for r in runs):
-        tags.append("tiny random-weight replica: pipeline check, not model quality")
-    return f"{task} · {model}" + (f" ({'; '.join(tags)})" if tags else "")
-
-
-def run_row(r: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, str]:
-    """One table row: method, metric with its interval, n, bits/element, KV memory, compression, speed."""
-    m = r["metrics"][r["primary_metric"]]
-    s = r["system"]
-    ci = f" [{fmt(m['ci_low'])}, {fmt(m['ci_high'])}]" if m["ci_low"] is not None else ""
-    kv = s["kv_bytes"]["total"]
-    ref_kv = reference["system"]["kv_bytes"]["total"] if reference else None
-    ratio = f"{ref_kv / kv:.2f}x" if kv and ref_kv else "–"
-    return {
-        "method": r["method"]["name"],
-        "metric": f"{fmt(m['value'])}{ci}",
-        "n": str(m["n"]) + (f" ({r.get('n_errors', 0)} err)" if r.get("n_errors") else ""),
-        "bits/elt": fmt(s["bits_per_element"], 3),
-        "KV KiB/item": fmt(kv / 1024 if kv is not None else None, 4),
-        "vs bf16": ratio,
-        "tok/s": fmt(s["tokens_per_s"], 3) + (" (graphs)" if (s.get("graph_decode_share") or 0) >= 0.5 else ""),
-        "device": s["device"],
-        "commit": (r["environment"]["git_commit"] or "–")[:8],
-    }
+    return f"{task} · {model}" + (f" ({data} data)" if data != "official" else "")
 
 
 def reference_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((r for r in runs if r["method"]["name"] == "bf16"), None)
+
+
+def peak_memory(system: dict[str, Any]) -> str:
+    peak = system["peak_memory"]
+    if peak.get("cuda_bytes"):
+        return f"{peak['cuda_bytes'] / GiB:.3g} GiB GPU"
+    return f"{peak['cpu_rss_bytes'] / GiB:.3g} GiB RSS" if peak.get("cpu_rss_bytes") else "–"
+
+
+def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bool = True) -> dict[str, str]:
+    """One table row: method, metric with its interval, items and failed items, bits/element, KV memory, compression,
+    speed, peak memory. Pipeline checks (with_metric=False) leave the metric out."""
+    s = r["system"]
+    kv = s["kv_bytes"]["total"]
+    ref_kv = reference["system"]["kv_bytes"]["total"] if reference else None
+    row = {"method": r["method"]["name"]}
+    if with_metric:
+        m = r["metrics"][r["primary_metric"]]
+        ci = f" [{fmt(m['ci_low'])}, {fmt(m['ci_high'])}]" if m["ci_low"] is not None else ""
+        row["metric"] = f"{fmt(m['value'])}{ci}"
+    return {**row, "items": str(len(r["samples"])), "failed": str(failed_items(r)),
+            "bits/elt": fmt(s["bits_per_element"], 3), "KV KiB/item": fmt(kv / 1024 if kv is not None else None, 4),
+            "vs bf16": f"{ref_kv / kv:.2f}x" if kv and ref_kv else "–",
+            "tok/s": fmt(s["tokens_per_s"], 3) + (" (graphs)" if (s.get("graph_decode_share") or 0) >= 0.5 else ""),
+            "peak memory": peak_memory(s), "device": s["device"],
+            "commit": (r["environment"]["git_commit"] or "–")[:8]}
 
 
 def metric_header(runs: list[dict[str, Any]]) -> str:
@@ -191,43 +229,140 @@ def metric_header(runs: list[dict[str, Any]]) -> str:
     return f"{r['primary_metric']} {arrow} (95% CI)"
 
 
-def paper_tables(paper: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, rows) per published benchmark."""
+def result_table(key, runs: list[dict[str, Any]], pipeline_check: bool = False) -> Table:
+    ref = reference_run(runs)
+    rows = [run_row(r, ref, with_metric=not pipeline_check) for r in runs]
+    header = list(rows[0])
+    if not pipeline_check:
+        header[1] = metric_header(runs)
+    return Table(group_title(key), header, [list(r.values()) for r in rows], [r["_path"] for r in runs])
+
+
+def paper_tables(paper: dict[str, Any]) -> list[Table]:
+    """One table per published benchmark."""
     out = []
     for bench in paper.get("benchmarks", []):
         labels = bench.get("method_labels", {})
-        header = ["model"] + (["metric"] if bench.get("submetrics") else []) + [labels.get(m, m) for m in bench["methods"]]
-        rows = []
-        for row in bench["rows"]:
-            cells = [row["model"]] + ([row["submetric"]] if bench.get("submetrics") else [])
-            rows.append(cells + [fmt(row["values"].get(m)) for m in bench["methods"]])
-        out.append((f"{bench['task']} — {bench['metric']} (published)", header, rows))
+        sub = bool(bench.get("submetrics"))
+        header = ["model"] + (["metric"] if sub else []) + [labels.get(m, m) for m in bench["methods"]]
+        rows = [[row["model"]] + ([row["submetric"]] if sub else []) + [fmt(row["values"].get(m)) for m in bench["methods"]]
+                for row in bench["rows"]]
+        out.append(Table(f"{bench['task']} — {bench['metric']} (published)", header, rows))
     return out
+
+
+# ---------------------------------------------------------------- speed and memory tables (bench references)
+
+
+def e2e_table(gpu: str, data: dict[str, Any]) -> Table | None:
+    """The end-to-end decode of the bench's Qwen3-8B-shaped model (random weights: speed and memory do not depend on
+    their values), BF16 against OScaR per batch and context: graph step, tokens/s, KV cache and peak GPU memory."""
+    e2e = [r for r in data.get("e2e") or [] if "error" not in r]
+    pairs = {}
+    for r in e2e:
+        pairs.setdefault((bool(r.get("largest")), r.get("context")), {})[r["kind"]] = r
+    rows = []
+    for (largest, ctx), by in sorted(pairs.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        bf, oq = by.get("bf16"), by.get("oscar")
+        if not (bf and oq):
+            continue
+        tps = [r.get("graph_tokens_per_s", r.get("tokens_per_s")) for r in (bf, oq)]
+        rows.append([f"{ctx // 1024}K" + (" (largest batch that fits)" if largest else ""),
+                     f"{bf['batch']} / {oq['batch']}", fmt(bf.get("graph_step_ms"), 3), fmt(oq.get("graph_step_ms"), 3),
+                     fmt(tps[0], 3), fmt(tps[1], 3), ratio_text(bench_check.ratio(tps[1], tps[0])),
+                     gib(bf.get("kv_bytes")), gib(oq.get("kv_bytes")), gib(bf.get("peak_bytes")), gib(oq.get("peak_bytes"))])
+    if not rows:
+        return None
+    header = ["context", "batch BF16 / OScaR", "step ms BF16", "step ms OScaR", "tok/s BF16", "tok/s OScaR",
+              "tok/s ratio", "KV GiB BF16", "KV GiB OScaR", "peak GiB BF16", "peak GiB OScaR"]
+    device = (data.get("environment") or {}).get("device", gpu)
+    return Table(f"Decode end to end, Qwen3-8B shape, {device}", header, rows,
+                 note=f"{data['_path']}: CUDA graph replays of one decode step over a filled cache; peak: the GPU's.")
+
+
+def ratio_text(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}x"
+
+
+def gib(n: Any) -> str:
+    x = bench_check.num(n)
+    return fmt(x / GiB if x is not None else None, 3)
+
+
+KERNEL_COLUMNS = {"oscar_cuda_graph_us": "OScaR CUDA", "oscar_cuda_graph_clean_us": "OScaR CUDA, clean L2",
+                  "oscar_triton_graph_us": "OScaR Triton", "best_bf16_graph_us": "best BF16",
+                  "best_bf16_graph_clean_us": "best BF16, clean L2", "speedup_cuda_graph": "speedup",
+                  "floor_read_us": "read floor", "floor_read_clean_us": "read floor, clean L2"}
+SHAPE_ORDER = ("qwen3-8b", "llava-7b", "qwen3-omni-thinker")
+
+
+def kernel_table(gpu: str, data: dict[str, Any]) -> Table | None:
+    """Decode attention per point (shape, batch, context): CUDA graph replay times in us, a column per KERNEL_COLUMNS."""
+    points = [k for k in data.get("kernels") or [] if "error" not in k]
+    points.sort(key=lambda k: (shape_rank(k.get("shape")), k.get("batch", 0), k.get("context", 0)))
+    rows = [[str(k.get("shape")), str(k.get("batch")), str(k.get("context"))]
+            + [fmt(bench_check.num(k.get(key)), 3) for key in KERNEL_COLUMNS] for k in points]
+    if not rows:
+        return None
+    return Table(f"Decode attention, us, {(data.get('environment') or {}).get('device', gpu)}",
+                 ["shape", "batch", "context", *KERNEL_COLUMNS.values()], rows,
+                 note="CUDA graph replays after do_bench's L2 flush, or after a read-only flush (clean L2: what a "
+                      "model's decode step sees); speedup: best BF16 / OScaR CUDA; read floor: a bare stream of the "
+                      "same packed bytes, what no decode goes below.")
+
+
+def shape_rank(shape: str | None) -> tuple[int, str]:
+    return (SHAPE_ORDER.index(shape), "") if shape in SHAPE_ORDER else (len(SHAPE_ORDER), str(shape))
+
+
+def targets_table(gpu: str, data: dict[str, Any]) -> Table | None:
+    """The kernel targets read from the reference (harness.bench.check.target_rows), missed ones marked."""
+    targets = bench_check.target_rows(data)
+    if not targets:
+        return None
+    rows = [[t["target"], t["shape"], ("<= " if not t["higher_is_better"] else ">= ") + f"{t['threshold']:g}",
+             fmt(t["dirty"], 3), fmt(t["clean"], 3),
+             "–" if t["ceiling"] is None and t["ceiling_clean"] is None
+             else f"{fmt(t['ceiling'], 3)} / {fmt(t['ceiling_clean'], 3)}",
+             t["status"]] for t in targets]
+    return Table(f"Kernel targets, {data['_path']}", ["target", "shape", "need", "dirty", "clean", "ceiling", "status"],
+                 rows, marked=[t["status"].startswith("MISSED") for t in targets],
+                 note="Dirty / clean: after do_bench's zero-fill flush / after a read-only flush. Ceiling: best BF16 "
+                      "over a bare stream of the same bytes (no kernel of these bytes goes beyond it); for the KV "
+                      "memory, the cap of OScaR's storage format with its 128-token bf16 window. "
+                      f"`make bench-check B={data['_path']}` prints this.")
 
 
 # ---------------------------------------------------------------- markdown
 
 
-def md_table(header: list[str], rows: list[list[str]]) -> str:
-    esc = [[c.replace("|", "\\|") for c in row] for row in [header] + rows]
-    lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in header) + "|"]
+def md_table(t: Table) -> str:
+    esc = [[c.replace("|", "\\|") for c in row] for row in [t.header] + t.rows]
+    lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in t.header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in esc[1:]])
 
 
-def markdown(groups, paper: dict[str, Any] | None, n_files: int) -> str:
-    parts = [f"Built by `make leaderboard` from {n_files} result files under `results/runs/` "
-             "(measured here). Intervals: percentile bootstrap over items. Rows marked replica ran tiny "
-             "random-weight models: they show that the pipeline runs, not how good a method is."]
-    for key, runs in groups.items():
-        ref = reference_run(runs)
-        rows = [run_row(r, ref) for r in runs]
-        header = list(rows[0])
-        header[1] = metric_header(runs)
-        parts.append(f"### {group_title(key, runs)}\n\n" + md_table(header, [list(r.values()) for r in rows]))
-    if paper:
-        parts.append(f"### Published numbers (not measured here)\n\nSource: {paper['source']}.")
-        parts += [f"#### {title}\n\n" + md_table(h, rows) for title, h, rows in paper_tables(paper)]
+def markdown(board: Board) -> str:
+    parts = [board.intro]
+    if not board.results:
+        parts.append(NO_RESULTS)
+    parts += [f"### {t.title}\n\n{md_table(t)}" for t, _ in board.results]
+    parts += [f"### Speed and memory: {s.e2e.title}\n\n{md_table(s.e2e)}\n\n{s.e2e.note}" for s in board.speed if s.e2e]
+    if board.published:
+        parts.append(f"### Published numbers (not measured here)\n\nSource: {board.source}.")
+        parts += [f"#### {t.title}\n\n" + md_table(t) for t, _ in board.published]
+    if board.checks:
+        tables = "\n\n".join(f"#### {t.title}\n\n{md_table(t)}" for t in board.checks)
+        parts.append(f"<details><summary>{board.checks_title}</summary>\n\n{tables}\n\n</details>")
     return "\n\n".join(parts) + "\n"
+
+
+INTRO = ("Built by `make leaderboard` from {n} result files under `results/runs/` and the bench reference of each GPU "
+         "kind under `results/bench/`. Intervals: percentile bootstrap over items; failed: items that ended in an error.")
+NO_RESULTS = "No results of trained weights yet: `make eval MODEL=<model> QUANT=<method>` writes one."
+
+CHECKS_TITLE = ("Pipeline checks: {n} results of models without trained weights (tiny replicas or random weights): "
+                "they show that the code path runs, its speed and memory, not accuracy")
 
 
 def update_readme(readme: Path, md: str) -> bool:

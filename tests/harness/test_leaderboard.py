@@ -1,4 +1,5 @@
-"""`oscar-eval leaderboard`: tables only from result files, published numbers apart, README section."""
+"""`oscar-eval leaderboard`: tables only from result files, trained weights first, pipeline checks collapsed at the end,
+published numbers apart, speed and memory from the bench reference of each GPU kind, the README section."""
 from __future__ import annotations
 
 import json
@@ -6,51 +7,128 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.harness.test_results_factory import make_result
 
 from harness import leaderboard as L
 from harness import report_html
 from harness import results as R
+from harness.bench import check as bench_check
 from harness.cli import main as cli
+from tests.harness.test_bench_check import bench_file
+from tests.harness.test_results_factory import make_result
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+def real(result: dict) -> dict:
+    result["model"]["replica"] = False
+    return result
+
+
 @pytest.fixture()
 def workdir(tmp_path, monkeypatch):
-    """A results tree of hand-made runs: 3 OCRBench-like methods and 2 perplexity methods."""
+    """A results tree: 3 OCRBench methods on a tiny replica (pipeline checks), 2 perplexity methods of trained weights
+    (kivi with 2 failed items), the paper's numbers and the H100 bench reference."""
     monkeypatch.chdir(tmp_path)
     shutil.copy(REPO / "results" / "paper.json", tmp_path / "paper.json")
+    Path("results/bench").mkdir(parents=True)
+    shutil.copy(REPO / "results" / "bench" / "h100.json", "results/bench/h100.json")
     cats = ["a", "b"] * 3
-    for method, scores, bits, kv in (("bf16", [1, 1, 1, 0, 1, 1], 16, 4096), ("kivi", [1, 0, 0, 0, 1, 0], 3, 800),
-                                     ("oscar", [1, 1, 0, 0, 1, 1], 3, 820)):
-        R.write_result(make_result(method, scores, cats, bits=bits, kv_total=kv, task="ocrbench"),
+    for method, bits, kv in (("bf16", 16, 4096), ("kivi", 3, 800), ("oscar", 3, 820)):
+        R.write_result(make_result(method, [0] * 6, cats, bits=bits, kv_total=kv, task="ocrbench"),
                        R.run_path("ocrbench", "generated", "tiny-model", method))
-    for method, ppl in (("bf16", [10.0, 11.0]), ("kivi", [13.0, 15.0])):
-        R.write_result(make_result(method, ppl, metric="ppl", higher_is_better=False, task="ppl", model="smollm2-135m"),
-                       R.run_path("ppl", "generated", "smollm2-135m", method))
+    for method, ppl in (("bf16", [10.0, 11.0, 12.0]), ("kivi", [13.0, 15.0, 14.0])):
+        r = real(make_result(method, ppl, metric="ppl", higher_is_better=False, task="ppl", model="smollm2-135m",
+                             kv_total=4096 if method == "bf16" else 800))
+        if method == "kivi":
+            r["samples"][1]["error"] = "RuntimeError: out of memory"
+            r["samples"][2]["error"] = "RuntimeError: out of memory"
+            r["n_errors"] = 2
+        R.write_result(r, R.run_path("ppl", "generated", "smollm2-135m", method))
     Path("README.md").write_text(f"# x\n\n## Results\n{L.README_START}\nold\n{L.README_END}\n\n## After\n")
     return tmp_path
 
 
-def test_markdown_has_one_row_per_result_and_published_apart(workdir):
+def tables(md: str) -> dict[str, list[str]]:
+    """{heading: the table's header and rows under it} of a markdown text (not the |---| line)."""
+    out, title = {}, None
+    for line in md.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("# ")
+        elif line.startswith("| ") and title:
+            out.setdefault(title, []).append(line)
+    return out
+
+
+def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(workdir):
     assert cli(["leaderboard", "--paper", "paper.json"]) == 0
     md = Path("results/LEADERBOARD.md").read_text()
-    measured, published = md.split("### Published numbers (not measured here)")
-    rows = [line for line in measured.splitlines() if line.startswith("| ") and not line.startswith("| method")]
-    assert len(rows) == 5
-    assert "| kivi | 0.3333 [0.2333, 0.4333] | 6 | 3 | 0.7812 | 5.12x |" in measured  # 4096 / 800 bytes
-    assert "ppl ↓ (95% CI)" in measured and "accuracy ↑ (95% CI)" in measured
-    assert "| qwen3-vl-8b | 858 | 851 | 850 | 847 | 722 | 754 | 856 |" in published
-    assert "858" not in measured  # published numbers never enter the measured tables
+    t = tables(md)
+    ppl = t["ppl · smollm2-135m (generated data)"]
+    assert ppl[0].startswith("| method | ppl ↓ (95% CI) | items | failed | bits/elt | KV KiB/item | vs bf16 |")
+    assert ppl[1].startswith("| bf16 | 11 [10.9, 11.1] | 3 | 0 | 16 | 4 | 1.00x |")
+    assert ppl[2].startswith("| kivi | 14 [13.9, 14.1] | 3 | 2 | 16 | 0.7812 | 5.12x |")  # 4096 / 800 bytes
+    assert "1 GiB RSS" in ppl[1]
+    checks = t["ocrbench · tiny-model (generated data)"]
+    assert checks[0] == ("| method | items | failed | bits/elt | KV KiB/item | vs bf16 | tok/s | peak memory | device "
+                         "| commit |")  # no accuracy column for random weights
+    assert len(checks) == 1 + 3
+    order = [md.index(s) for s in ("### ppl · smollm2-135m", "### Speed and memory", "### Published numbers",
+                                   "<details><summary>Pipeline checks: 3 results", "#### ocrbench · tiny-model")]
+    assert order == sorted(order) and md.rstrip().endswith("</details>")
+    assert "| qwen3-vl-8b | 858 | 851 | 850 | 847 | 722 | 754 | 856 |" in md
+    assert "858" not in md[:md.index("### Published numbers")]  # published numbers never enter the measured tables
     readme = Path("README.md").read_text()
     assert "old" not in readme and md in readme and readme.endswith(f"{L.README_END}\n\n## After\n")
+
+
+def test_speed_and_memory_come_from_each_gpu_kinds_reference(workdir):
+    Path("results/bench/h200.json").write_text(json.dumps(bench_file("NVIDIA H200")))
+    assert cli(["leaderboard", "--paper", "paper.json"]) == 0
+    md = Path("results/LEADERBOARD.md").read_text()
+    h100 = tables(md)["Speed and memory: Decode end to end, Qwen3-8B shape, NVIDIA H100 80GB HBM3"]
+    data = json.loads(Path("results/bench/h100.json").read_text())
+    big = {r["kind"]: r for r in data["e2e"] if r.get("largest")}
+    want = L.fmt(big["oscar"]["graph_tokens_per_s"] / big["bf16"]["graph_tokens_per_s"], 3)
+    assert any(row.startswith(f"| 128K (largest batch that fits) | {big['bf16']['batch']} / {big['oscar']['batch']} |")
+               and f"{float(want):.2f}x" in row for row in h100)
+    h200 = tables(md)["Speed and memory: Decode end to end, Qwen3-8B shape, NVIDIA H200"]
+    assert h200[1] == "| 128K | 1 / 1 | 12.3 | 7.58 | – | – | – | 18 | 3.42 | – | – |"
+    assert md.index("NVIDIA H100 80GB HBM3") < md.index("NVIDIA H200")  # by file name: h100.json, h200.json
+
+
+def test_a_file_that_is_not_a_bench_reference_stops_the_build(workdir, capsys):
+    Path("results/bench/notes.json").write_text('{"rows": []}')
+    assert cli(["leaderboard", "--paper", "paper.json"]) == 2
+    assert "results/bench/notes.json: not a `make bench` result" in capsys.readouterr().err
 
 
 def test_invalid_result_file_stops_the_build(workdir, capsys):
     Path("results/runs/ppl.generated/smollm2-135m/oscar.json").write_text('{"schema_version": 1}')
     assert cli(["leaderboard", "--paper", "paper.json"]) == 2
     assert "oscar.json: $: 'date' is a required property" in capsys.readouterr().err
+
+
+def test_models_without_trained_weights_are_pipeline_checks():
+    r = real(make_result("oscar", [1.0]))
+    assert not L.is_pipeline_check(r)
+    assert L.is_pipeline_check(make_result("oscar", [1.0]))  # the factory's tiny replica
+    for marker in ({"random_weights": True}, {"weights": "random"}):  # a real architecture with random weights
+        assert L.is_pipeline_check({**r, "model": {**r["model"], **marker}})
+    real_groups, checks = L.group_runs([{**r, "_path": "a"}, {**r, "model": {**r["model"], "weights": "random"},
+                                                              "_path": "b"}])
+    assert [g[0]["_path"] for g in real_groups.values()] == ["a"] and [g[0]["_path"] for g in checks.values()] == ["b"]
+
+
+def test_failed_items_read_from_whichever_field_records_them():
+    r = make_result("oscar", [1.0, 0.0, 1.0])
+    assert L.failed_items(r) == 0
+    r["samples"][0]["error"] = "ValueError: bad image"
+    del r["n_errors"]
+    assert L.failed_items(r) == 1  # counted from the samples
+    r["n_errors"] = 3
+    assert L.failed_items(r) == 3
+    r["system"]["failed_items"] = 2
+    assert L.failed_items(r) == 2
 
 
 def test_pareto_front():
@@ -60,55 +138,31 @@ def test_pareto_front():
     assert report_html.pareto([(16, 10.0), (3, 12.0), (3, 11.0)], higher_is_better=False) == [0, 2]
 
 
-def test_bench_rows_are_read_and_plotted(workdir):
-    """harness.bench's JSON (one file per run folder) becomes one row per variant and point."""
-    Path("results/bench/h100-a").mkdir(parents=True)
-    kernels = [{"shape": "qwen3-8b", "batch": 1, "context": c, "sdpa_cudnn": 2.0 * c / 100, "oscar_cuda_us": c / 100,
-                "speedup_cuda": 2.0, "floor_read_us": c / 200, "floor_read_config": "264 CTAs x 128"}
-               for c in (4096, 32768)]
-    Path("results/bench/h100-a/bench.json").write_text(json.dumps({"environment": {"device": "NVIDIA H100"}, "kernels": kernels}))
-    rows = L.load_bench(Path("results/bench"))
-    assert len(rows) == 6  # cuDNN, OScaR and the read floor at two contexts; the floor's config is not a time
-    assert {(r["variant"], r["context"], r["time_us"]) for r in rows} >= {
-        ("OScaR INT2 CUDA", 4096, 40.96), ("BF16 SDPA cuDNN", 32768, 655.36), ("read floor (bare stream)", 4096, 20.48)}
-    assert all(r["run"] == "h100-a" and r["device"] == "NVIDIA H100" for r in rows)
-    assert report_html.speed_plot(rows).startswith("data:image/png;base64,")
-    assert report_html.latest_run([{"run": "h100-run9"}, {"run": "h100-run39"}, {"run": "h100-run36"}]) == "h100-run39"
+def test_bench_tables_and_plots_of_a_reference():
+    data = {**bench_check.load(REPO / "results" / "bench" / "h100.json"), "_path": "results/bench/h100.json"}
+    kernels = L.kernel_table("h100", data)
+    assert len(kernels.rows) == len(data["kernels"])
+    assert [row[0] for row in kernels.rows] == sorted((row[0] for row in kernels.rows), key=L.shape_rank)
+    first = next(k for k in data["kernels"] if (k["shape"], k["batch"], k["context"]) == ("qwen3-8b", 1, 1024))
+    assert kernels.rows[0][:4] == ["qwen3-8b", "1", "1024", L.fmt(first["oscar_cuda_graph_us"], 3)]
+    targets = L.targets_table("h100", data)
+    missed = [t["status"].startswith("MISSED") for t in bench_check.target_rows(data)]
+    assert targets.marked == missed and any(missed) and not all(missed)
+    for plot in (report_html.speed_plot(data), report_html.memory_plot(data)):
+        assert plot.startswith("data:image/png;base64,")
+    assert report_html.speed_plot({"kernels": []}) is None and report_html.memory_plot({"e2e": []}) is None
 
 
-def test_speed_tables_pivot_the_newest_run_and_follow_oscar_across_runs(workdir):
-    """The page's bench tables: the newest run a row per point (graph times and floors only, where it has graph
-    times), then OScaR's CUDA graph time at those points in each run that timed it, oldest first."""
-    for run, t in (("h100-run9", 30.0), ("h100-run10", 25.0)):
-        Path(f"results/bench/{run}").mkdir(parents=True)
-        kernels = [{"shape": shape, "batch": 1, "context": c, "sdpa_cudnn": 99.0, "sdpa_cudnn_graph": 2 * t * k,
-                    "oscar_cuda_us": 99.0, "oscar_cuda_graph_us": t * k, "floor_read_us": t * k / 2}
-                   for k, c in ((1, 4096), (4, 131072)) for shape in ("qwen3-omni-thinker", "qwen3-8b")]
-        Path(f"results/bench/{run}/bench-all.json").write_text(json.dumps(
-            {"environment": {"device": "NVIDIA H100"}, "kernels": kernels}))
-    html = report_html.speed_tables(L.load_bench(Path("results/bench")))
-    newest = html[html.index('<table class="bench">'):html.index('<table class="history">')]
-    assert "h100-run10: decode attention" in html and "99" not in newest  # the eager times stay in the JSON
-    assert newest.index("OScaR INT2 CUDA graph") < newest.index("BF16 SDPA cuDNN graph") < newest.index("read floor")
-    assert ("<tr><td>qwen3-8b</td><td>1</td><td>4096</td><td>25</td><td>50</td><td>12.5</td></tr>" in newest
-            and newest.index("qwen3-8b") < newest.index("qwen3-omni-thinker"))  # Qwen3 first, whatever the file's order
-    history = html[html.index('<table class="history">'):]
-    assert "<th>h100-run9</th><th>h100-run10</th>" in history  # by run number, not by name
-    assert "<tr><td>qwen3-omni-thinker</td><td>1</td><td>131072</td><td>120</td><td>100</td></tr>" in history
+def test_result_plots_leave_out_what_has_nothing_to_show():
+    runs = [real(make_result(m, s, ["a", "b"] * 2, bits=b)) for m, s, b in
+            (("bf16", [1, 1, 1, 0], 16), ("kivi", [1, 0, 0, 0], 3), ("oscar", [1, 1, 0, 0], 3.1))]
+    style = report_html.colours(["bf16", "kivi", "oscar"])
+    assert style["bf16"][0] != style["kivi"][0] != style["oscar"][0]
+    assert report_html.tradeoff_plot(runs, "t", style).startswith("data:image/png;base64,")
+    assert report_html.category_plot(runs, "t", style).startswith("data:image/png;base64,")
+    zeros = [make_result(m, [0] * 4, ["a", "b"] * 2) for m in ("bf16", "kivi")]
+    assert report_html.category_plot(zeros, "t", style) is None  # all bars zero: no chart
 
-
-def test_html_shows_the_newest_runs_kernel_targets(workdir):
-    """The speed section opens with the kernel targets of the newest bench run (bench_check), missed rows marked."""
-    for run in ("h100-run99", "h100-run107"):
-        Path(f"results/bench/{run}").mkdir(parents=True)
-        shutil.copy(REPO / "results" / "bench" / run / "bench-all.json", f"results/bench/{run}/bench-all.json")
-    assert cli(["leaderboard", "--paper", "paper.json"]) == 0
-    page = Path("results/leaderboard/index.html").read_text()
-    assert "Kernel targets, results/bench/h100-run107/bench-all.json" in page
-    table = page[page.index('<table class="targets">'):]
-    table = table[:table.index("</table>")]
-    assert "<td>decode 1 x 128K vs best BF16</td><td>qwen3-8b</td><td>&gt;= 4.5</td><td>3.67</td>" in table
-    assert table.count('class="missed"') == 11 and "<td>met</td>" in table  # run 107: 19 of 30 met
 
 def test_speed_of_graph_decoded_runs_is_marked():
     r = make_result("oscar", [1.0, 0.0])
