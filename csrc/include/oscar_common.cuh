@@ -103,9 +103,10 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 // the word is shifted so the field lands on mantissa bit p of each half, then ONE LOP3 ORs it into fp16
 // B = 2^(10 - p), where bit p weighs 1: even slots go to p = 8 (B = 4), odd slots to p = 6 (B = 16), so a word
 // needs 4 shifts (<< 8, << 4, >> 4, >> 8; slots 3 and 4 none) and 8 LOP3s for its 16 codes, and B depends on
-// the slot's parity only (a D = 64 k-step mixes slots S and S + 4). The offset B is folded into the biases
-// (slot_base). Larger offsets would save shifts (fields at p = 4, B = 64: 2 shifts per word for D = 128) but
-// cost accuracy: the tensor cores' fp32 sums lose the low bits of B * sum(q s) - measured in NOTES.md, run 15.
+// the slot's parity only (a D = 64 k-step mixes slots S and S + 4). The keys' offset B is folded into their
+// biases (slot_base); the values' codes are centred by one HADD2 (neg_center_pair). Larger offsets would save
+// shifts (fields at p = 4, B = 64: 2 shifts per word for D = 128) but cost accuracy: the tensor cores' fp32 sums
+// lose the low bits of B * sum(q s) - measured in NOTES.md, run 15.
 template <int D>
 struct SlotMap {
   // Shift right by shift(s) (negative: left); the field then sits at bit pos(s).
@@ -123,6 +124,13 @@ __host__ __device__ constexpr float slot_base(int s) {
 template <int D>
 __host__ __device__ constexpr uint32_t neg_slot_base_pair(int s) {
   return SlotMap<D>::pos(s) == 4 ? 0xD400D400u : SlotMap<D>::pos(s) == 6 ? 0xCC00CC00u : 0xC400C400u;
+}
+
+// -(B + 1.5) of slot s as an fp16 pair: added to a value code's (B + q) it gives the centred code q - 1.5 exactly
+// (the decode's value path, oscar_decode.cuh group_step).
+template <int D>
+__host__ __device__ constexpr uint32_t neg_center_pair(int s) {
+  return SlotMap<D>::pos(s) == 4 ? 0xD418D418u : SlotMap<D>::pos(s) == 6 ? 0xCC60CC60u : 0xC580C580u;  // 65.5, 17.5, 5.5
 }
 
 template <int D, int S>

@@ -9,10 +9,16 @@
 //   S^T = K_hat Q^T     (A = key codes straight from shared memory, k = channels; B = Q scaled per channel)
 //   O^T += V_hat^T P^T  (A = value codes, k = tokens; B = P scaled per token, moved into place by movmatrix)
 // Codes enter as fp16 (B + code), B = 64, 16 or 4 by pair slot (dequant_slot), so the scales multiply the B
-// operands (Q by the key scale, P by the value scale) and the zeros become biases: per group and k-step
-// sum_d q_d z_d - B sum_d q_d s_d for the scores (two MMAs with a constant A, exact in fp32), and per
-// channel group Y = sum_t s_t p_t, Z = sum_t z_t p_t for the values (one MMA: A rows are the value scales
-// and zeros), added as O = O^T - B Y + Z at the end (the slot, hence B, is fixed per channel tile).
+// operands (Q by the key scale, P by the value scale). Keys: the zeros become biases, per group and k-step
+// sum_d q_d z_d - B sum_d q_d s_d (two MMAs with a constant A, from the same fp16 products q_d s_d as the scores,
+// so the B terms cancel; every group starts its scores from zero). Values: the codes are centred first,
+// (B + q) - (B + 1.5) = q - 1.5 exactly in fp16 (one HADD2 a register), and the zeros become the midranges
+// m = z + 1.5 s, whose sum Z = sum_t m_t p_t per channel group is one MMA (A rows: the midranges), added as
+// O = O^T + Z at the end. Centred, every accumulator along a split stays of the output's size: with B in the codes
+// O^T and B Y grew to ~20x the values' scale times the softmax sum while O averages down, so their difference lost
+// the low bits the tensor cores' fp32 sums drop (and B Y, from the unrounded s p, missed the fp16 rounding of the
+// s p the codes met): an error that grew with the tokens a CTA reads (2% at 16 x 32K against 0.17% for a float32
+// reference).
 // Each warp streams its own groups through a kStages-deep cp.async pipeline (no block barriers).
 #pragma once
 #include "oscar_common.cuh"
@@ -78,7 +84,7 @@ struct Stage {
 template <int D, int NT>
 struct WarpState {
   float acc[D / 16][NT][4];  // O^T: channel tile mv (rows 16 mv + g, + 8), head tile nt (cols 2c, 2c + 1)
-  float zacc[NT][4];         // rows < D/32: Y of channel group g; rows D/32..D/16-1: Z of group g - D/32
+  float zacc[NT][4];         // rows < D/32: Z of channel group g (sum of midrange x p); other rows zero
   float m[NT][2], l[NT][2];  // per column (head 8 nt + 2c + e); l is lane-partial until the end
 };
 
@@ -237,10 +243,16 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
     vw[4 * j] = x.x, vw[4 * j + 1] = x.y, vw[4 * j + 2] = x.z, vw[4 * j + 3] = x.w;
   }
   // Lane c's tokens are 8c .. 8c + 7 (register x: tokens 8c + 2x, + 1 = B fragment e of step kt, x = 2 kt + e).
-  {  // Y / Z: A rows g < NDG are the value scales of channel group g, rows NDG..2 NDG-1 the zeros.
-    uint4 za = make_uint4(0u, 0u, 0u, 0u);
-    if (g < 2 * NDG) za = *reinterpret_cast<const uint4*>(st + (g < NDG ? L::kVS : L::kVZ) + 16 * (4 * (g % NDG) + c));
-    const uint32_t zr[4] = {za.x, za.y, za.z, za.w};
+  {  // Z: A rows g < NDG are the midranges z + 1.5 s of channel group g (fp16, one rounding: HFMA2).
+    uint32_t zr[4] = {0u, 0u, 0u, 0u};
+    if (g < NDG) {
+      const uint4 s4 = *reinterpret_cast<const uint4*>(st + L::kVS + 16 * (4 * g + c));
+      const uint4 z4 = *reinterpret_cast<const uint4*>(st + L::kVZ + 16 * (4 * g + c));
+      const uint32_t sv[4] = {s4.x, s4.y, s4.z, s4.w}, zv[4] = {z4.x, z4.y, z4.z, z4.w};
+      const __half2 center = __float2half2_rn(1.5f);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) zr[i] = as_u32(__hfma2(as_half2(sv[i]), center, as_half2(zv[i])));
+    }
 #pragma unroll
     for (int kt = 0; kt < 2; ++kt) {
       const uint32_t a[4] = {zr[2 * kt], 0u, zr[2 * kt + 1], 0u};
@@ -262,13 +274,14 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
 #pragma unroll
     for (int mh = 0; mh < 2; ++mh) {
       const int mv = 2 * dg + mh;
+      const __half2 neg_center = as_half2(neg_center_pair<D>(mv));  // slots mv (and mv + 4 at D = 64): one B
 #pragma unroll
       for (int kt = 0; kt < 2; ++kt) {
         uint32_t a[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int f = (4 * kt + r) * KS + mv;
-          a[r] = dequant_pair<D>(vw[f >> 3], f & 7);
+          a[r] = as_u32(__hadd2(as_half2(dequant_pair<D>(vw[f >> 3], f & 7)), neg_center));  // q - 1.5, exact
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) mma16816(w.acc[mv][nt], a, bm[kt][nt][0], bm[kt][nt][1]);
@@ -277,8 +290,8 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
   }
 }
 
-// O = O^T - B Y + Z (the value zeros and the code offset; B = slot_base<D>(mv), fixed per channel tile), then l
-// summed over the lanes of each column.
+// O = O^T + Z (the centred codes' sum plus the midranges'; Z of channel group dg sits in row dg of zacc, lane
+// 4 dg + c), then l summed over the lanes of each column.
 template <int D, int NT>
 __device__ __forceinline__ void finish_state(WarpState<D, NT>& w) {
   constexpr int NDG = D / 32;
@@ -287,16 +300,13 @@ __device__ __forceinline__ void finish_state(WarpState<D, NT>& w) {
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int dg = 0; dg < NDG; ++dg) {
-      float y[2], z[2];
+      float z[2];
 #pragma unroll
-      for (int hc = 0; hc < 2; ++hc) {
-        y[hc] = __shfl_sync(0xffffffffu, w.zacc[nt][hc], 4 * dg + c);
-        z[hc] = __shfl_sync(0xffffffffu, w.zacc[nt][hc], 4 * (NDG + dg) + c);
-      }
+      for (int hc = 0; hc < 2; ++hc) z[hc] = __shfl_sync(0xffffffffu, w.zacc[nt][hc], 4 * dg + c);
 #pragma unroll
-      for (int mh = 0; mh < 2; ++mh)  // mv = 2 dg + mh: slots mv (D = 128), mv and mv + 4 (D = 64)
+      for (int mh = 0; mh < 2; ++mh)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) w.acc[2 * dg + mh][nt][e] += z[e & 1] - slot_base<D>(2 * dg + mh) * y[e & 1];
+        for (int e = 0; e < 4; ++e) w.acc[2 * dg + mh][nt][e] += z[e & 1];
     }
 #pragma unroll
     for (int hc = 0; hc < 2; ++hc) {

@@ -6,7 +6,8 @@ PackedKV (quant/packed.py), per query head (GQA maps it to its KV head h = head 
     out = softmax(s) @ [v_hat @ Hd ; v_res]
 `attention_f64` evaluates exactly that in float64 (the truth); `attention_bf16` is the same function as
 a plain bf16 torch implementation would compute it (the error budget: a kernel may be at most 2x as far
-from the truth as this one, FlashAttention's rule).
+from the truth as this one, FlashAttention's rule); `attention_f32` computes it in float32 and rounds the output
+to the query's dtype (the tighter budget: what any kernel with that output dtype meets at best).
 """
 from __future__ import annotations
 
@@ -81,6 +82,23 @@ def attention_bf16(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=No
         k_all, v_all = kv.k_res.cpu().to(bf), kv.v_res.cpu().to(bf)
     return _attention(query.cpu().to(bf), k_all, v_all, scaling, _lens(kv_lens, t, b),
                       _lens(res_lens, kv.k_res.shape[2], b), t, bf, torch.float32)
+
+
+def attention_f32(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None) -> torch.Tensor:
+    """The formula in float32 (K/V dequantized in float32, float32 matmuls and softmax), the output rounded to the
+    query's dtype: the same-precision reference of FlashAttention's rule. query [B, Hq, Lq, D] -> [B, Hq, Lq, D]."""
+    b = query.shape[0]
+    t = kv.num_quantized
+    f32 = torch.float32
+    if t:
+        kq, vq = dequantized_kv(kv, f32)
+        k_all = torch.cat([kq.cpu(), kv.k_res.cpu().to(f32)], 2)
+        v_all = torch.cat([vq.cpu(), kv.v_res.cpu().to(f32)], 2)
+    else:
+        k_all, v_all = kv.k_res.cpu().to(f32), kv.v_res.cpu().to(f32)
+    out = _attention(query.cpu().to(f32), k_all, v_all, scaling, _lens(kv_lens, t, b),
+                     _lens(res_lens, kv.k_res.shape[2], b), t, f32, f32)
+    return out.to(query.dtype)
 
 
 def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
