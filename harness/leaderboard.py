@@ -188,9 +188,14 @@ def fmt(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}" if abs(x) < 1e6 else f"{x:.3e}"
 
 
-def group_title(key: tuple[str, str, str]) -> str:
+def group_title(key: tuple[str, str, str], runs: list[dict[str, Any]]) -> str:
     task, data, model = key
-    return f"{task} · {model}" + (f" ({data} data)" if data != "official" else "")
+    tags = [f"{data} data"] if data != "official" else []
+    if any(r["model"].get("replica") for r in runs):
+        tags.append("tiny replica")
+    elif any(is_pipeline_check(r) for r in runs):
+        tags.append("random weights")
+    return f"{task} · {model}" + (f" ({', '.join(tags)})" if tags else "")
 
 
 def reference_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -219,8 +224,16 @@ def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bo
             "bits/elt": fmt(s["bits_per_element"], 3), "KV KiB/item": fmt(kv / 1024 if kv is not None else None, 4),
             "vs bf16": f"{ref_kv / kv:.2f}x" if kv and ref_kv else "–",
             "tok/s": fmt(s["tokens_per_s"], 3) + (" (graphs)" if (s.get("graph_decode_share") or 0) >= 0.5 else ""),
+            "items/s": fmt(s.get("items_per_s"), 3), "kernel steps": percent(s.get("kernel_step_share")),
             "peak memory": peak_memory(s), "device": s["device"],
             "commit": (r["environment"]["git_commit"] or "–")[:8]}
+
+
+OPTIONAL_COLUMNS = ("items/s", "kernel steps")  # shown where a result of the table records them
+
+
+def percent(share: float | None) -> str:
+    return "–" if share is None else f"{100 * share:.0f}%"
 
 
 def metric_header(runs: list[dict[str, Any]]) -> str:
@@ -232,10 +245,12 @@ def metric_header(runs: list[dict[str, Any]]) -> str:
 def result_table(key, runs: list[dict[str, Any]], pipeline_check: bool = False) -> Table:
     ref = reference_run(runs)
     rows = [run_row(r, ref, with_metric=not pipeline_check) for r in runs]
+    empty = {c for c in OPTIONAL_COLUMNS if all(row[c] == "–" for row in rows)}
+    rows = [{k: v for k, v in row.items() if k not in empty} for row in rows]
     header = list(rows[0])
     if not pipeline_check:
         header[1] = metric_header(runs)
-    return Table(group_title(key), header, [list(r.values()) for r in rows], [r["_path"] for r in runs])
+    return Table(group_title(key, runs), header, [list(r.values()) for r in rows], [r["_path"] for r in runs])
 
 
 def paper_tables(paper: dict[str, Any]) -> list[Table]:

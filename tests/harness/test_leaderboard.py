@@ -68,12 +68,12 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
     assert ppl[1].startswith("| bf16 | 11 [10.9, 11.1] | 3 | 0 | 16 | 4 | 1.00x |")
     assert ppl[2].startswith("| kivi | 14 [13.9, 14.1] | 3 | 2 | 16 | 0.7812 | 5.12x |")  # 4096 / 800 bytes
     assert "1 GiB RSS" in ppl[1]
-    checks = t["ocrbench · tiny-model (generated data)"]
+    checks = t["ocrbench · tiny-model (generated data, tiny replica)"]
     assert checks[0] == ("| method | items | failed | bits/elt | KV KiB/item | vs bf16 | tok/s | peak memory | device "
                          "| commit |")  # no accuracy column for random weights
     assert len(checks) == 1 + 3
     order = [md.index(s) for s in ("### ppl · smollm2-135m", "### Speed and memory", "### Published numbers",
-                                   "<details><summary>Pipeline checks: 3 results", "#### ocrbench · tiny-model")]
+                                   "<details><summary>Pipeline checks: 3 results", "#### ocrbench · tiny-model (generated data, tiny replica)")]
     assert order == sorted(order) and md.rstrip().endswith("</details>")
     assert "| qwen3-vl-8b | 858 | 851 | 850 | 847 | 722 | 754 | 856 |" in md
     assert "858" not in md[:md.index("### Published numbers")]  # published numbers never enter the measured tables
@@ -114,9 +114,16 @@ def test_models_without_trained_weights_are_pipeline_checks():
     assert L.is_pipeline_check(make_result("oscar", [1.0]))  # the factory's tiny replica
     for marker in ({"random_weights": True}, {"weights": "random"}):  # a real architecture with random weights
         assert L.is_pipeline_check({**r, "model": {**r["model"], **marker}})
-    real_groups, checks = L.group_runs([{**r, "_path": "a"}, {**r, "model": {**r["model"], "weights": "random"},
-                                                              "_path": "b"}])
+    random = {**r, "model": {**r["model"], "weights": "random"}, "_path": "b"}
+    real_groups, checks = L.group_runs([{**r, "_path": "a"}, random])
     assert [g[0]["_path"] for g in real_groups.values()] == ["a"] and [g[0]["_path"] for g in checks.values()] == ["b"]
+    # what a random-weight run carries: speed, memory and the code path, shown where recorded; no accuracy
+    random["system"] = {**random["system"], "items_per_s": 0.5, "kernel_step_share": 1.0}
+    t = L.result_table(("ocrbench", "generated", "qwen3-vl-8b"), [random], pipeline_check=True)
+    assert t.title == "ocrbench · qwen3-vl-8b (generated data, random weights)"
+    assert t.header[:3] == ["method", "items", "failed"] and "items/s" in t.header and "kernel steps" in t.header
+    assert t.rows[0][t.header.index("kernel steps")] == "100%"
+    assert "items/s" not in L.result_table(("ppl", "official", "m"), [{**r, "_path": "a"}]).header
 
 
 def test_failed_items_read_from_whichever_field_records_them():
