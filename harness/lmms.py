@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 from lmms_eval.api.model import lmms
-from lmms_eval.models.registry_v2 import ModelManifest
 
 from harness.models.base import Prompt
 
@@ -143,8 +142,15 @@ class OscarQwen3Omni(OscarEvalLMM):
     default_model = "qwen3-omni-30b-a3b"
 
 
-def manifests() -> list[ModelManifest]:
-    """The entry point payload: one lmms-eval model id per family plus a generic one."""
+def manifests() -> list:
+    """The entry point payload (list of lmms-eval ModelManifest): one model id per family plus a generic one.
+
+    ModelManifest is imported here, not at the top: importing `lmms_eval.models` builds lmms-eval's
+    registry, which loads this entry point, so a top-level import would ask for `manifests` while this
+    module is still half-imported (lmms-eval then warns and drops every oscar model).
+    """
+    from lmms_eval.models.registry_v2 import ModelManifest
+
     here = __name__
     return [
         ModelManifest("oscar_eval", simple_class_path=f"{here}.OscarEvalLMM"),
