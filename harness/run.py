@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="bf16 | fp16 | fp32 | auto")
     p.add_argument("--device-map", default=None, help="e.g. 'auto' to spread a large model over GPUs")
+    p.add_argument("--weights", default="real", choices=("real", "random"),
+                   help="real: the checkpoint's weights; random: its published architecture with seeded random "
+                        "weights made on the device (speed, memory and code path only; harness/models/shaped.py)")
     p.add_argument("--quant-opts", default=None, help="method field overrides, e.g. 'group_size=64,residual_length=256'")
     p.add_argument("--backend", default=None, help="attention backend: torch | triton | cuda (default: the method's)")
     p.add_argument("--seed", type=int, default=0)
@@ -48,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         done = evaluate(
             model=args.model, quant=args.quant, task=args.task, limit=args.limit, data=args.data,
-            model_path=args.model_path, device=args.device, dtype=args.dtype, device_map=args.device_map,
+            model_path=args.model_path, device=args.device, dtype=args.dtype, device_map=args.device_map, weights=args.weights,
             backend=args.backend, quant_opts=args.quant_opts, seed=args.seed, out=args.out, restart=args.restart, force=args.force,
             n_resamples=args.resamples,
         )
@@ -84,7 +87,7 @@ def resolve(model: str, quant: str, task: str | None, backend: str | None, quant
 
 
 def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None, data: str | None = None,
-             model_path: str | None = None, device: str | None = None, dtype: str | None = None,
+             model_path: str | None = None, device: str | None = None, dtype: str | None = None, weights: str = "real",
              device_map: str | None = None, backend: str | None = None, quant_opts: str | None = None, seed: int = 0, out: str = DEFAULT_OUT,
              restart: bool = False, force: bool = False, n_resamples: int = stats.DEFAULT_RESAMPLES,
              adapter: Any = None) -> list[dict[str, Any]]:
@@ -101,7 +104,7 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     if adapter is None:
         from harness import models as M
 
-        adapter = M.load(spec.name, model_path=model_path, device=device, dtype=dtype, device_map=device_map)
+        adapter = M.load(spec.name, weights=weights, seed=seed, model_path=model_path, device=device, dtype=dtype, device_map=device_map)
     model_info = R.model_info(adapter)
     if backend is None:  # record what will actually run: kernels on a GPU, the torch reference elsewhere
         from quant.kernels import default_backend
@@ -110,7 +113,7 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     fingerprint = task_obj.data_fingerprint(items)
     written = []
     for method in methods:
-        path = Path(out.format(task=R.task_dir(task_obj.name, data), model=spec.name, method=method.name))
+        path = Path(out.format(task=R.task_dir(task_obj.name, data), model=R.model_dir(model_info), method=method.name))
         ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend)
         written.append(run_method(ctx, adapter, path, restart, force, n_resamples))
     return written
@@ -178,6 +181,8 @@ def _seed_everything(seed: int) -> None:
 def _run_items(ctx: RunContext, adapter, progress: R.Progress) -> None:
     from tqdm import tqdm
 
+    from harness.models.cost import take_item_cost
+
     done = progress.done_ids
     todo = [item for item in ctx.items if str(item["id"]) not in done]
     label = f"{ctx.model} {ctx.method.name} {ctx.task.name}"
@@ -185,6 +190,7 @@ def _run_items(ctx: RunContext, adapter, progress: R.Progress) -> None:
     with tqdm(total=len(ctx.items), initial=len(ctx.items) - len(todo), desc=label, unit="item",
               file=sys.stderr, dynamic_ncols=True) as bar:
         for item in todo:
+            take_item_cost(adapter)  # forget generate calls made outside the loop
             start = time.perf_counter()
             try:
                 record = ctx.task.run_item(adapter, ctx.method, item)
@@ -192,6 +198,9 @@ def _run_items(ctx: RunContext, adapter, progress: R.Progress) -> None:
                 raise RuntimeError(f"{ctx.task.name} item {item['id']!r} with {ctx.method.name}: "
                                    f"{type(err).__name__}: {err} (finished items are kept; rerun to resume)") from err
             record = R.jsonable(record)
+            cost = take_item_cost(adapter)  # prefill/decode time, kernel-path steps, peak GPU memory of the item
+            if cost is not None:
+                record["cost"] = R.jsonable(cost)
             record["id"] = str(record.get("id", item["id"]))
             record["loop_s"] = time.perf_counter() - start  # the loop's clock, the same for every task
             record.setdefault("wall_s", record["loop_s"])  # model time when the task measured it

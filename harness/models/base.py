@@ -39,6 +39,7 @@ class Generation:
     kv_bytes: dict[str, Any] = field(default_factory=dict)  # cache.nbytes() after generation
     wall_s: float = 0.0
     graph_steps: int = 0  # decode steps run as CUDA graphs (quant.kernels.graph_decode; 0: all eager)
+    cost: dict[str, Any] = field(default_factory=dict)  # harness.models.cost.generation_cost of this call
 
 
 def graph_steps(cache) -> int:

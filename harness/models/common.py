@@ -48,6 +48,15 @@ def resolve_weights(hub_id: str, model_path: str | None = None) -> str:
         ) from err
 
 
+WEIGHTS = ("real", "random")
+
+
+def check_weights(weights: str) -> None:
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights {weights!r}: choose 'real' (the checkpoint's files) or 'random' (the published "
+                         f"architecture with seeded random weights, for speed and memory only)")
+
+
 def load_kwargs(dtype: Any = None, device_map: Any = None) -> dict[str, Any]:
     """from_pretrained keywords: dtype ("bfloat16", torch.bfloat16, "auto", None) and device_map
     ("auto" spreads a large model over every visible GPU through accelerate)."""
@@ -177,10 +186,19 @@ class MultimodalAdapter:
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.weights = "real"  # "random": a shape-real model with seeded random weights (harness/models/shaped.py)
+        self.costs: list[dict[str, Any]] = []  # one cost record per generate call (harness/models/cost.py)
+        self._graphs = None  # the last generate's GraphDecoder, if its decode steps ran as CUDA graphs
 
     @classmethod
-    def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None):
-        """Weights from `model_path` / MODEL_PATH / a warm HF cache; see resolve_weights."""
+    def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None, weights="real", seed=0):
+        """Weights from `model_path` / MODEL_PATH / a warm HF cache (see resolve_weights); weights="random": the
+        published architecture with seeded random weights made on `device` (harness/models/shaped.py)."""
+        if weights == "random":
+            from harness.models.shaped import load_random
+
+            return load_random(cls, spec, device=device, dtype=dtype, device_map=device_map, seed=seed)
+        check_weights(weights)
         path = resolve_weights(spec.hub_id, model_path)
         try:
             processor = build_processor(cls.processor_class, path, **cls.processor_parts)
@@ -238,24 +256,34 @@ class MultimodalAdapter:
         decode steps replay CUDA graphs (quant.kernels.graph_decode)."""
         from quant.kernels.graph_decode import decode_graphs
 
-        with torch.inference_mode(), decode_graphs(self.generator, cache):
+        with torch.inference_mode(), decode_graphs(self.generator, cache) as graphs:
+            self._graphs = graphs  # None when the steps run eagerly
             out = self.generator.generate(**inputs, past_key_values=cache, max_new_tokens=max_new_tokens,
                                           do_sample=False, **kwargs)
         return out[:, inputs["input_ids"].shape[1]:]
 
     def generate(self, prompt: Prompt, method, max_new_tokens: int = 128) -> Generation:
-        """Answer one prompt with `method`'s quantized cache on the text backbone (None: default cache)."""
+        """Answer one prompt with `method`'s quantized cache on the text backbone (None: default cache).
+        Its cost (prefill/decode time, kernel-path steps, peak GPU memory) is appended to `self.costs`."""
+        from harness.models.cost import generation_cost, measure
+
         start = time.perf_counter()
         inputs = self.build_inputs(prompt).to(device=self.device, dtype=self.model.dtype)
         cache = self.make_cache(method, inputs)
-        new = self.generate_ids(inputs, cache, max_new_tokens)
+        self._graphs = None
+        with measure(self.device, cache, lambda: self._graphs) as (clock, figures):
+            new = self.generate_ids(inputs, cache, max_new_tokens, streamer=clock)
         text = self.tokenizer.decode(new[0], skip_special_tokens=True)
+        kv_bytes = cache.nbytes() if cache is not None else {}
+        cost = generation_cost(figures, new.shape[1], kv_bytes)
+        self.costs.append(cost)
         return Generation(
             text=text.strip(),
             input_tokens=int(inputs["input_ids"].shape[1]),
             new_tokens=int(new.shape[1]),
             modality_tokens=count_modalities(self.tags(inputs)),
-            kv_bytes=cache.nbytes() if cache is not None else {},
+            kv_bytes=kv_bytes,
             wall_s=time.perf_counter() - start,
             graph_steps=graph_steps(cache),
+            cost=cost,
         )

@@ -94,9 +94,19 @@ class TextAdapter:
 
     def __init__(self, spec, model, tokenizer):
         self.spec, self.model, self.tokenizer = spec, model, tokenizer
+        self.weights = "real"  # "random": shape-real with seeded random weights (harness/models/shaped.py)
+        self.costs: list[dict] = []  # one cost record per generate call (harness/models/cost.py)
 
     @classmethod
-    def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None):
+    def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None, weights="real", seed=0):
+        """weights="random": the published architecture with seeded random weights made on `device`."""
+        if weights == "random":
+            from harness.models.shaped import load_random
+
+            return load_random(cls, spec, device=default_device(device), dtype=dtype, device_map=device_map, seed=seed)
+        from harness.models.common import check_weights
+
+        check_weights(weights)
         return cls(spec, *load_text_model(spec, model_path, device, dtype, device_map))
 
     @property
@@ -119,19 +129,29 @@ class TextAdapter:
 
     @torch.no_grad()
     def generate(self, prompt: Prompt, method, max_new_tokens: int = 128) -> Generation:
+        """Greedy answer with `method`'s cache; its cost is appended to `self.costs` (harness/models/cost.py)."""
+        from harness.models.cost import generation_cost, measure
+
         start = time.perf_counter()
         enc = self.tokenizer(self.render_prompt(prompt), return_tensors="pt", add_special_tokens=False).to(self.device)
         n = enc.input_ids.shape[1]
         cache = self.make_cache(method, torch.zeros_like(enc.input_ids))
-        with decode_graphs(self.model, cache):  # OScaR's kernel path: decode steps replay CUDA graphs
-            out = self.model.generate(**enc, past_key_values=cache, max_new_tokens=max_new_tokens, do_sample=False)
+        graphs = None
+        with measure(self.device, cache, lambda: graphs) as (clock, figures):
+            with decode_graphs(self.model, cache) as graphs:  # OScaR's kernel path: decode steps replay CUDA graphs
+                out = self.model.generate(**enc, past_key_values=cache, max_new_tokens=max_new_tokens,
+                                          do_sample=False, streamer=clock)
         new = out[0, n:]
+        kv_bytes = cache.nbytes()
+        cost = generation_cost(figures, new.numel(), kv_bytes)
+        self.costs.append(cost)
         return Generation(
             text=self.tokenizer.decode(new, skip_special_tokens=True),
             input_tokens=n,
             new_tokens=int(new.numel()),
             modality_tokens={MODALITIES[0]: n},
-            kv_bytes=cache.nbytes(),
+            kv_bytes=kv_bytes,
             wall_s=time.perf_counter() - start,
             graph_steps=graph_steps(cache),
+            cost=cost,
         )

@@ -160,13 +160,16 @@ class _TinyLoad:
     builder = None
 
     @classmethod
-    def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None):
-        """model_path and device_map are accepted for the registry's sake; a replica has no files."""
+    def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None, weights="random", seed=0):
+        """model_path, device_map and weights are accepted for the registry's sake: a replica has no files and
+        its weights are always random (seed 0)."""
         model, processor = cls.builder()
         if dtype is not None:
             model = model.to(parse_dtype(dtype))
         device = device or "cpu"
-        return cls(spec, model.to(device), processor, device=device)
+        adapter = cls(spec, model.to(device), processor, device=device)
+        adapter.weights = "random"
+        return adapter
 
 
 class TinyLlavaAdapter(_TinyLoad, LlavaAdapter):

@@ -1,0 +1,129 @@
+"""What one `generate` call costs: prefill and decode time, decode steps on the kernel path, peak GPU memory.
+
+`GenerationClock` is a transformers streamer: `generate` hands it the prompt before the prefill and each new token
+after its step, and it stamps the time of each call after a device sync (the token's copy to the host), so
+    prefill_s = first new token - prompt handed over        (prefill forward and the first token's choice)
+    decode_s  = end of generation - first new token        (new_tokens - 1 decode steps)
+The copy is one token per step; `generate` already syncs once per step for its stopping check.
+
+`KernelSteps` counts the decode steps that took OScaR's kernel path: steps where the cache's first layer handed
+the attention a packed state (quant.methods.oscar.OScaRLayer returns one only on that path) plus the steps
+replayed as CUDA graphs (they run the same kernels without re-entering Python; quant.kernels.graph_decode).
+
+`measure` wraps one generate call; adapters append its figures to `adapter.costs`, and the eval loop collects one
+item's worth with `take_item_cost` (harness/run.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+
+
+class GenerationClock:
+    """A transformers streamer (put / end) that stamps the prompt hand-over, the first new token and the end."""
+
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.first: float | None = None
+        self.finished: float | None = None
+        self.calls = 0
+
+    def put(self, value) -> None:
+        now = time.perf_counter()
+        self.calls += 1
+        if self.calls == 1:
+            self.started = now  # the prompt, handed over before the prefill forward
+        elif self.calls == 2:
+            self.first = now  # the first new token, on the host after its step
+
+    def end(self) -> None:
+        if self.finished is None:
+            self.finished = time.perf_counter()
+
+    def times(self) -> tuple[float, float]:
+        """(prefill_s, decode_s); without any new token the whole call counts as prefill."""
+        self.end()
+        if self.first is None:
+            return self.finished - self.started, 0.0
+        return self.first - self.started, self.finished - self.first
+
+
+class KernelSteps:
+    """Counts layer 0's packed (kernel-path) decode steps of `cache` while active; see the module docstring."""
+
+    def __init__(self, cache):
+        self.cache, self.count, self._layer, self._update = cache, 0, None, None
+
+    def __enter__(self):
+        layers = getattr(self.cache, "layers", None)
+        if layers:
+            self._layer = layers[0]
+            self._update = self._layer.update
+
+            def update(*args, **kwargs):
+                out = self._update(*args, **kwargs)
+                if not isinstance(out[0], torch.Tensor):  # a PackedStep: the fused kernels attend over the codes
+                    self.count += 1
+                return out
+
+            self._layer.update = update  # an instance attribute shadows the class's method for this call only
+        return self
+
+    def __exit__(self, *exc):
+        if self._layer is not None:
+            del self._layer.update
+        return False
+
+
+def cuda_in_use(device) -> bool:
+    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def measure(device, cache, graphs=None):
+    """Context around one generate call: yields (clock, figures): pass `streamer=clock` to generate;; figures is filled on exit with prefill_s,
+    decode_s, kernel_steps and peak_cuda_bytes (the allocator's peak during the call; None off CUDA).
+
+    graphs: the GraphDecoder of the call, if any (its replayed steps count as kernel steps), or a callable
+    returning it once generate has run.
+    """
+    cuda = cuda_in_use(device)
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    clock, figures = GenerationClock(), {}
+    with KernelSteps(cache) as kernel:
+        yield clock, figures
+    if cuda:
+        torch.cuda.synchronize(device)
+    prefill, decode = clock.times()
+    decoder = graphs() if callable(graphs) else graphs
+    replayed = decoder.counts["replayed"] if decoder is not None else 0
+    figures.update(prefill_s=prefill, decode_s=decode, kernel_steps=kernel.count + replayed,
+                   peak_cuda_bytes=int(torch.cuda.max_memory_allocated(device)) if cuda else None)
+
+
+def generation_cost(figures: dict[str, Any], new_tokens: int, kv_bytes: dict[str, Any]) -> dict[str, Any]:
+    """One generate call's cost record: figures of `measure` plus new tokens, decode steps and KV bytes."""
+    return {**figures, "new_tokens": int(new_tokens), "decode_steps": max(int(new_tokens) - 1, 0),
+            "kv_bytes": int(kv_bytes.get("total") or 0) if kv_bytes else 0, "calls": 1}
+
+
+def take_item_cost(adapter) -> dict[str, Any] | None:
+    """The summed cost of the generate calls `adapter` made since the last take (None: it made none or does not
+    record costs), and forget them. Times, tokens and steps add up; peak memory and KV bytes take the largest."""
+    costs = getattr(adapter, "costs", None)
+    if not costs:
+        return None
+    adapter.costs = []
+    total: dict[str, Any] = {}
+    for cost in costs:
+        for key, value in cost.items():
+            if key in ("peak_cuda_bytes", "kv_bytes"):
+                total[key] = value if total.get(key) is None else max(total[key], value or 0)
+            else:
+                total[key] = total.get(key, 0) + value
+    return total
