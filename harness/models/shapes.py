@@ -182,7 +182,11 @@ SHAPES: dict[str, dict] = {
                                      "model card's 'Number of Parameters (Non-Embedding): 29.9B' (same text shape)"),
         "sources": {
             "config": "config.json of the hub repo (thinker_config), read from a public GitHub model report that "
-                      "prints the config transformers 5.7 loaded from Qwen3-Omni-30B-A3B-Instruct, with its module tree",
+                      "prints the config transformers 5.7 loaded from Qwen3-Omni-30B-A3B-Instruct, with its module tree; "
+                      "the text backbone cross-checked with keras-team/keras-hub "
+                      "keras_hub/src/models/qwen3_omni/qwen3_omni_presets.py (48 layers, 32 query / 4 KV heads, "
+                      "128 experts, 8 active) and tzhouam/vllm-omni benchmarks/qwen3-omni/transformers/"
+                      "model_structure_output/qwen3_omni_architecture.md (hidden 2048, vocabulary 152064)",
             "processor": "preprocessor_config.json of the hub repo (Qwen3-Omni-30B-A3B-Instruct/-Thinking/"
                          "-Captioner share it), read from public copies in GitHub code; the audio token count is "
                          "the processor's _get_feat_extract_output_lengths (13 tokens per 100 mel frames = 1 s)",
