@@ -417,7 +417,8 @@ def peak_memory() -> dict[str, int | None]:
 PACKAGES = ("oscar-eval", "torch", "transformers", "triton", "accelerate", "numpy", "gguf", "librosa", "jsonschema")
 
 
-def environment() -> dict[str, Any]:
+def environment(kernels=None) -> dict[str, Any]:
+    """Versions, machine, git state and the run's kernel options (`kernel_switches(kernels)`)."""
     import torch
 
     versions = {}
@@ -429,28 +430,22 @@ def environment() -> dict[str, Any]:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     commit, dirty = git_state()
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_name(),
-            "gpu": gpu, "packages": versions, "git_commit": commit, "git_dirty": dirty, "kernels": kernel_switches()}
+            "gpu": gpu, "packages": versions, "git_commit": commit, "git_dirty": dirty, "kernels": kernel_switches(kernels)}
 
 
-# The model-level kernels harness.models.load puts under a model on a GPU, each with its off switch (the `enabled()`
-# of quant.kernels.triton_norm / triton_rope / fused_linear: on unless the variable is "0"). The fused linear layers
-# sum in another order than cuBLAS, so GPU results with and without them can differ in the last bits.
-KERNEL_SWITCHES = {"fused_norm": "OSCAR_FUSED_NORM", "fused_rope": "OSCAR_FUSED_ROPE",
-                   "fused_linear": "OSCAR_FUSED_LINEAR", "cuda_graphs": "OSCAR_CUDA_GRAPHS"}
+def kernel_switches(options=None) -> dict[str, bool]:
+    """The run's kernel options (quant.kernels.KernelOptions; default: the defaults) as the booleans a result
+    records (the backend is recorded beside them). fused_norm / fused_rope / fused_linear: the model-level kernels
+    harness.models.load puts under a model on a GPU (the fused linear layers sum in another order than cuBLAS, so GPU
+    results with and without them can differ in the last bits); cuda_norm_rope: the norms and RoPE launch the CUDA
+    kernels rather than the Triton ones (another summation order in the norm); cuda_graphs: kernel-path decode steps
+    replay CUDA graphs (the same numbers, less host time); wide_decode: decode steps of a few rows may run the 8-warp
+    CUDA build (another split plan, so other last bits). They act on a GPU only."""
+    from quant.kernels.options import KernelOptions
 
-
-def kernel_switches() -> dict[str, bool]:
-    """Which model-level kernels were switched on for this run (they only act on a GPU). cuda_norm_rope: the norms
-    and RoPE launch the CUDA kernels rather than the Triton ones (OSCAR_LAYER_KERNELS=triton; another summation
-    order in the norm). cuda_graphs: OScaR's kernel-path decode steps replay CUDA graphs (quant.kernels.graph_decode;
-    the same numbers, less host time). wide_decode: decode steps of a few rows may run the 8-warp CUDA build
-    (on unless OSCAR_WIDE_DECODE=0, the default since run 154; another split plan, so other last bits)."""
-    from quant.kernels.cuda import wide_enabled
-
-    switches = {name: os.environ.get(var, "1") != "0" for name, var in KERNEL_SWITCHES.items()}
-    switches["cuda_norm_rope"] = os.environ.get("OSCAR_LAYER_KERNELS", "cuda") != "triton"
-    switches["wide_decode"] = wide_enabled()
-    return switches
+    o = options or KernelOptions()
+    return {"fused_norm": o.fused_norm, "fused_rope": o.fused_rope, "fused_linear": o.fused_linear,
+            "cuda_graphs": o.cuda_graphs, "cuda_norm_rope": o.layer_kernels == "cuda", "wide_decode": o.wide_decode}
 
 
 def cpu_name() -> str | None:

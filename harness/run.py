@@ -39,7 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="real: the checkpoint's weights; random: its published architecture with seeded random "
                         "weights made on the device (speed, memory and code path only; harness/models/shaped.py)")
     p.add_argument("--quant-opts", default=None, help="method field overrides, e.g. 'group_size=64,residual_length=256'")
-    p.add_argument("--backend", default=None, help="attention backend: torch | triton | cuda (default: the method's)")
+    p.add_argument("--backend", default=None, help="attention backend: torch | triton | cuda (default: the device's best)")
+    p.add_argument("--kernels", default=None,
+                   help="kernel options, e.g. 'cuda_graphs=off,wide_decode=off' (quant.kernels.KernelOptions; the "
+                        "environment's OSCAR_* overrides apply first)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=DEFAULT_OUT, help="result path template with {task} {model} {method}")
     p.add_argument("--restart", action="store_true", help="discard an unfinished run's progress file")
@@ -53,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
             model=args.model, quant=args.quant, task=args.task, limit=args.limit, data=args.data,
             model_path=args.model_path, device=args.device, dtype=args.dtype, device_map=args.device_map, weights=args.weights,
             backend=args.backend, quant_opts=args.quant_opts, seed=args.seed, out=args.out, restart=args.restart, force=args.force,
-            n_resamples=args.resamples,
+            n_resamples=args.resamples, kernels=kernel_options(args.kernels, args.backend),
         )
     except (KeyError, ValueError, RuntimeError, OSError) as err:  # bad names, missing data/weights, bad files
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
@@ -61,6 +64,15 @@ def main(args: argparse.Namespace) -> int:
         return 2
     print(summary_table(done))
     return 0
+
+
+def kernel_options(text: str | None = None, backend: str | None = None, environ=None):
+    """The run's quant.kernels.KernelOptions: the defaults, then the environment's OSCAR_* overrides (read here,
+    once), then `--kernels` and `--backend`."""
+    from quant.kernels.options import KernelOptions
+
+    options = KernelOptions.parse(text, KernelOptions.from_env(os.environ if environ is None else environ))
+    return options.replace(backend=backend) if backend else options
 
 
 def resolve(model: str, quant: str, task: str | None, backend: str | None, quant_opts: str | None = None):
@@ -79,10 +91,12 @@ def resolve(model: str, quant: str, task: str | None, backend: str | None, quant
 
         if backend not in BACKENDS:
             raise ValueError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-        os.environ["OSCAR_KERNEL_BACKEND"] = backend  # read by quant.kernels.default_backend
     methods = [Q.get_method(name, **overrides) for name in names]
     # A Task object (tests, notebooks: e.g. PerplexityTask(context=64)) is used as given.
     task_obj = T.get_task(task or spec.default_task) if task is None or isinstance(task, str) else task
+    from tasks.base import refuse_unreadable
+
+    refuse_unreadable(task_obj, spec.name, M.MODELS)  # before any weights load
     return spec, methods, task_obj
 
 
@@ -90,31 +104,38 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
              model_path: str | None = None, device: str | None = None, dtype: str | None = None, weights: str = "real",
              device_map: str | None = None, backend: str | None = None, quant_opts: str | None = None, seed: int = 0, out: str = DEFAULT_OUT,
              restart: bool = False, force: bool = False, n_resamples: int = stats.DEFAULT_RESAMPLES,
-             adapter: Any = None) -> list[dict[str, Any]]:
+             adapter: Any = None, kernels: Any = None) -> list[dict[str, Any]]:
     """Run `task` on `model` for each method of `quant`; return the written results (one per method).
 
-    `adapter` lets a caller that already holds a loaded adapter (tests, notebooks) skip loading.
+    `adapter` lets a caller that already holds a loaded adapter (tests, notebooks) skip loading; `kernels`
+    (quant.kernels.KernelOptions, default: the defaults with `backend`) goes to the model and every cache.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be a positive number of items, got {limit}")
     spec, methods, task_obj = resolve(model, quant, task, backend, quant_opts)
+    from quant.kernels.options import KernelOptions
+
+    kernels = kernels or KernelOptions()
+    if backend:
+        kernels = kernels.replace(backend=backend)
     items = task_obj.load(data, limit)
     if not items:
         raise ValueError(f"task {task_obj.name} loaded no items (data={data!r}, limit={limit})")
     if adapter is None:
         from harness import models as M
 
-        adapter = M.load(spec.name, weights=weights, seed=seed, model_path=model_path, device=device, dtype=dtype, device_map=device_map)
+        adapter = M.load(spec.name, weights=weights, seed=seed, model_path=model_path, device=device, dtype=dtype, device_map=device_map,
+                         kernels=kernels)
+    else:
+        adapter.kernels = kernels
     model_info = R.model_info(adapter)
-    if backend is None:  # record what will actually run: kernels on a GPU, the torch reference elsewhere
-        from quant.kernels import default_backend
-
-        backend = default_backend(next(adapter.model.parameters()).device)
+    # record what will actually run: kernels on a GPU, the torch reference elsewhere
+    backend = kernels.backend_for(next(adapter.model.parameters()).device)
     fingerprint = task_obj.data_fingerprint(items)
     written = []
     for method in methods:
         path = Path(out.format(task=R.task_dir(task_obj.name, data), model=R.model_dir(model_info), method=method.name))
-        ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend)
+        ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend, kernels)
         written.append(run_method(ctx, adapter, path, restart, force, n_resamples))
     return written
 
@@ -122,11 +143,12 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
 class RunContext:
     """Everything that identifies one (model, method, task, data, seed) run."""
 
-    def __init__(self, model, model_info, method, task, items, data, limit, fingerprint, seed, backend):
+    def __init__(self, model, model_info, method, task, items, data, limit, fingerprint, seed, backend, kernels=None):
         self.model, self.model_info, self.method, self.task = model, model_info, method, task
         self.items, self.data, self.limit, self.fingerprint, self.seed = items, data, limit, fingerprint, seed
-        # Only OScaR has kernels; every other method runs the torch reference whatever was asked.
-        self.backend = backend if method.method == "oscar" else "torch"
+        # Methods without a kernel decode run the torch reference whatever was asked.
+        self.backend = backend if method.kernel_decode else "torch"
+        self.kernels = kernels
 
     def identity(self) -> dict[str, Any]:
         """What must match for recorded items to be reused (the limit may change between sessions)."""
@@ -150,6 +172,9 @@ def run_method(ctx: RunContext, adapter, path: Path, restart: bool, force: bool,
     _run_items(ctx, adapter, progress)
     ids = [str(item["id"]) for item in ctx.items]
     records = R.records_in_order(progress.records, ids)
+    if records and all("error" in r for r in records):  # a score of 0 would hide the cause
+        raise RuntimeError(f"{ctx.task.name} with {ctx.method.name}: all {len(records)} items failed, no result written; "
+                           f"first: {records[0]['error']} (fix it, then rerun with --restart)")
     result = build_result(ctx, adapter, records, n_resamples)
     R.write_result(result, path)
     progress.remove()
@@ -232,7 +257,7 @@ def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resa
         "categories": categories,
         "samples": records,
         "system": R.system_figures(records, adapter),
-        "environment": R.environment(),
+        "environment": R.environment(ctx.kernels),
         "n_errors": sum(1 for r in records if "error" in r),
         "notes": R.notes(ctx.model_info, ctx.data),
     }
@@ -276,6 +301,10 @@ def summary_table(results: list[dict[str, Any]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    from tasks.base import failure_summary
+
+    lines += [f"{r['method']['name']}: {f['n']} of {len(r['samples'])} items failed ({why}); first: {f['first']}"
+              for r in results for why, f in failure_summary(r["samples"]).items()]
     return "\n".join(lines)
 
 

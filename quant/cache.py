@@ -9,8 +9,9 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
+from quant.kernels.options import KernelOptions
 from quant.methods import get_method
-from quant.methods.base import FP_PARTS, QUANTIZED_PARTS, LayerContext, MethodConfig
+from quant.methods.base import FP_PARTS, QUANTIZED_PARTS, CacheState, LayerContext, MethodConfig
 
 # Modality code of each KV position (QuantizedKVCache.set_modalities).
 MODALITIES = ("text", "image", "video", "audio")
@@ -21,18 +22,28 @@ def text_config(model_or_config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-class SharedState(dict):
-    """Cache-wide facts the layers share (modalities, RoPE, hooks' data); weak-referenceable so model
-    hooks can notice when their cache is gone."""
+class MethodState(dict):
+    """A method's own cache-wide data (RotateKV: its RoPE, calibrated permutations, sink hooks' data); a dict
+    subclass so that model hooks can hold a weak reference and notice when their cache is gone."""
 
 
 class QuantizedKVCache(Cache):
-    def __init__(self, method: MethodConfig, num_layers: int, num_kv_heads: int, head_dim: int):
+    """`state` holds the cache-wide facts every layer reads (quant.methods.base.CacheState: modalities, folded
+    values, the kernel options and whether decode steps take the kernels); `shared` a method's own data."""
+
+    def __init__(self, method: MethodConfig, num_layers: int, num_kv_heads: int, head_dim: int,
+                 kernels: KernelOptions | None = None):
         self.method = method
-        self.shared: dict[str, Any] = SharedState()
-        layers = [method.make_layer(LayerContext(i, num_layers, num_kv_heads, head_dim, self.shared)) for i in range(num_layers)]
+        self.state = CacheState(kernels=kernels or KernelOptions())
+        self.shared: dict[str, Any] = MethodState()
+        layers = [method.make_layer(LayerContext(i, num_layers, num_kv_heads, head_dim, self.shared, self.state))
+                  for i in range(num_layers)]
         super().__init__(layers=layers)
         self.modalities: torch.Tensor | None = None
+
+    @property
+    def kernels(self) -> KernelOptions:
+        return self.state.kernels
 
     def set_modalities(self, tags: torch.Tensor) -> None:
         """Modality code of each prompt position, LongTensor [B, S] (0 text, 1 image, 2 video, 3 audio).
@@ -40,7 +51,7 @@ class QuantizedKVCache(Cache):
         if tags.dim() != 2:
             raise ValueError(f"modality tags must be [batch, seq_len], got shape {tuple(tags.shape)}")
         self.modalities = tags.long()
-        self.shared["modalities"] = self.modalities
+        self.state.modalities = self.modalities
 
     def nbytes(self) -> dict[str, Any]:
         """Bytes of the tensors each layer actually holds: totals, by category and per layer."""
@@ -84,12 +95,16 @@ class QuantizedKVCache(Cache):
         return 8.0 * total / n if n else 0.0
 
 
-def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer=None, **overrides) -> QuantizedKVCache:
+def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer=None,
+               kernels: KernelOptions | None = None, **overrides) -> QuantizedKVCache:
     """A fresh cache for `method` (a config or a preset name) sized from the model's text config.
 
     Methods that need the model (RotateKV: its RoPE, sink hooks, calibration with `tokenizer`) get it
-    through their `prepare` hook. With a model, OScaR's offline value rotation is folded into its weights and
-    any other method gets them restored (quant/fold.py): the model then suits this cache's method.
+    through their `prepare` hook. With a model, a method whose values' rotation lives in the weights
+    (`method.folds_values`) gets it folded in and any other method gets them restored (quant/fold.py): the model
+    then suits this cache's method. `kernels`: the run's kernel options (default: the defaults); a method with a
+    kernel decode (`method.kernel_decode`) decodes on them when the model sits on a GPU or they name a kernel
+    backend.
     """
     method = get_method(method, **overrides)
     cfg = text_config(config if config is not None else model)
@@ -98,30 +113,28 @@ def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    cache = QuantizedKVCache(method, cfg.num_hidden_layers, kv_heads, head_dim)
-    if model is not None:  # OScaR's offline value rotation lives in the weights; every other method needs them plain
+    cache = QuantizedKVCache(method, cfg.num_hidden_layers, kv_heads, head_dim, kernels)
+    if model is not None:  # a folding method's value rotation lives in the weights; every other method needs them plain
         from quant import fold
 
-        cache.shared["values_folded"] = fold.set_folded(model, fold.wants_fold(method))
+        cache.state.values_folded = fold.set_folded(model, method.folds_values)
     prepare = getattr(method, "prepare", None)
     if prepare is not None:
         if model is None:
             raise ValueError(f"{method.name or method.method} needs the model itself: make_cache(method, model, tokenizer=...)")
         prepare(model, tokenizer, cache.shared)
-    if method.method == "oscar" and model is not None and use_fast_decode(method, model):
-        cache.shared["fast_decode"] = True
+    if method.kernel_decode and model is not None and use_fast_decode(cache.kernels, model):
+        cache.state.fast_decode = True
     return cache
 
 
-def use_fast_decode(method, model) -> bool:
-    """OScaR decodes on the fused kernels when the model sits on a GPU (or OSCAR_KERNEL_BACKEND names a
-    kernel backend) and the config is the one the kernels implement. The model's text attention is
-    switched to the "oscar_packed" function, which is SDPA for everything but packed decode steps.
-    Batches must be unpadded on this path (the kernels take per-sequence lengths, not left padding)."""
-    from quant.kernels import default_backend
-
+def use_fast_decode(kernels: KernelOptions, model) -> bool:
+    """A method with a kernel decode takes it when the model sits on a GPU (or the kernel options name a kernel
+    backend). The model's text attention is switched to the "oscar_packed" function, which is SDPA for
+    everything but packed decode steps. Batches must be unpadded on this path (the kernels take per-sequence
+    lengths, not left padding)."""
     device = next(model.parameters()).device
-    if default_backend(device) == "torch" or method.bits != 2 or method.group_size != 32 or method.align_modality_groups:
+    if kernels.backend_for(device) == "torch":
         return False
     from quant.kernels.hf_decode import register
 

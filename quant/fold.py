@@ -30,9 +30,8 @@ _ORIGINALS = "_oscar_value_fold"  # attribute of a folded model: the original we
 
 
 def wants_fold(method) -> bool:
-    """Whether `method` expects the model's weights to carry the values' rotation."""
-    return (getattr(method, "method", None) == "oscar" and method.rotation == "hadamard"
-            and method.value_rotation == "offline")
+    """Whether `method` expects the model's weights to carry the values' rotation (its `folds_values`)."""
+    return bool(getattr(method, "folds_values", False))
 
 
 def attention_layers(model: nn.Module) -> list[nn.Module]:

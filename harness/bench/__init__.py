@@ -19,24 +19,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import platform
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-SHAPES = {  # name: (query heads, KV heads, head_dim)
-    "qwen3-8b": (32, 8, 128),
-    "llava-7b": (32, 32, 128),
-    "qwen3-omni-thinker": (32, 4, 128),
-}
-POINTS = "1x1024,1x4096,1x32768,1x131072,16x32768,64x4096"
+from harness.bench.caches import kv_bytes, make_cache, repeat_step
+from harness.bench.timing import (POINTS, SHAPES, _graph_us, _median_us, capture_graph, clean_l2_us,  # noqa: F401
+                                  copy_bandwidth)
+
 E2E_CONTEXTS = "4096,32768,131072"
 GENERATE_CONTEXTS = "4096,32768"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--what", choices=["kernels", "e2e", "generate", "all"], default="all")
+    p.add_argument("--what", choices=["kernels", "e2e", "generate", "all", "peers"], default="all",
+                   help="peers: this project's decode against the peers' own (harness/bench/peers.py; not in all)")
+    p.add_argument("--peer", action="append", default=None, metavar="NAME[=PATH]",
+                   help="with --what peers: a peer's checkout or install (oscar=PATH, kivi=PATH, lmdeploy, vllm); "
+                   "repeatable. Its default points are the issue's five Qwen3-8B ones")
+    p.add_argument("--peers-doc", default="docs/PERFORMANCE.md",
+                   help="with --what peers: the document whose Peers section is rewritten ('' for none)")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {list(SHAPES)}")
     p.add_argument("--points", default=POINTS, help="comma list of BATCHxCONTEXT")
     p.add_argument("--backends", default="cuda,triton",
@@ -51,51 +54,8 @@ def add_arguments(p) -> None:
     p.add_argument("--against", default=None, help="an older bench JSON of the same GPU: after the run, report the "
                    "changes and exit 1 on a slowdown beyond --max-slowdown (oscar-eval bench-check)")
     p.add_argument("--max-slowdown", default="5%", help="with --against: tolerated slowdown per point")
-
-
-def _median_us(fn, warmup=25, rep=100) -> float:
-    import triton.testing
-
-    return 1e3 * triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-
-
-_FLUSH = {}
-
-
-def clean_l2_us(fn, reps: int = 100) -> float:
-    """Median GPU time (us) of fn after an L2 flush that leaves only clean lines: a 256 MB buffer is read (summed),
-    not written. do_bench's flush zero-fills its buffer, so up to the whole L2 (50 MB on an H100) is dirty when the
-    timed kernel starts and its reads first force those lines back to DRAM: a tax of about 10 us on SDPA cuDNN and
-    2-15 us on the OScaR kernel on an H100 (docs/PERFORMANCE.md), a larger share of a shorter kernel. In
-    a model's decode step the attention follows the weight GEMMs, which only read: the state a real step meets."""
-    import torch
-
-    buf = _FLUSH.get("read")
-    if buf is None:
-        buf = _FLUSH["read"] = torch.ones(2**26, dtype=torch.float32, device="cuda")
-    for _ in range(10):  # warm-up in the same rhythm (clocks, allocator, lazy inits)
-        buf.sum()
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for a, b in zip(starts, ends):
-        buf.sum()
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    times = sorted(1e3 * a.elapsed_time(b) for a, b in zip(starts, ends))
-    return times[len(times) // 2]
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth, bytes read + written per second (1 GiB buffer)."""
-    import torch
-
-    x = torch.empty(2**28, dtype=torch.float32, device="cuda").normal_()
-    y = torch.empty_like(x)
-    us = _median_us(lambda: y.copy_(x))
-    return 2 * 2**30 / (us * 1e-6)
+    p.add_argument("--kernels", default=None, help="kernel options, as for oscar-eval eval (quant.kernels.KernelOptions; "
+                   "the environment's OSCAR_* overrides apply first)")
 
 
 def bf16_baselines(q, k, v, flex: bool) -> dict:
@@ -138,8 +98,10 @@ def bf16_baselines(q, k, v, flex: bool) -> dict:
     return res
 
 
-def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bool, res_tokens: int = 64) -> dict:
-    """One (shape, batch, context) point: BF16 baselines, OScaR pack and decode per backend."""
+def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bool, res_tokens: int = 64,
+                 wide: bool = True) -> dict:
+    """One (shape, batch, context) point: BF16 baselines, OScaR pack and decode per backend (`wide`: the CUDA decode
+    may take its 8-warp build, KernelOptions.wide_decode)."""
     import torch
 
     from quant.kernels import pack_kv
@@ -176,18 +138,17 @@ def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bo
         from quant.kernels.cuda import launch_plan
         from harness.bench.floor import floor_point
 
-        plan = row["cuda_plan"] = launch_plan(q, kv)
+        plan = row["cuda_plan"] = launch_plan(q, kv, wide=wide)
         try:
             row.update(floor_point(row["oscar_bytes"], plan["ctas"], build=(plan["min_blocks"], plan["warps"])))
         except Exception as e:  # noqa: BLE001  (a floor that cannot run leaves the point without a ceiling)
             row["floor_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     # Each backend reads the codes in its own order, as the packed cache keeps them for it (the CUDA "frag" order,
-    # Triton's "tl"; tq is whole 128-token blocks): converted once here, not inside the timed call (run 77 timed that
-    # conversion as Triton's decode).
+    # Triton's "tl"; tq is whole 128-token blocks): converted once here, not inside the timed call.
     tl = dataclasses.replace(kv, k=kv.k.to_order("tl"), v=kv.v.to_order("tl"))
     outs = {}
     for be in backends:
-        fn = _decode_fn(be, q, kv if be.partition(":")[0] == "cuda" else tl, d**-0.5)
+        fn = _decode_fn(be, q, kv if be.partition(":")[0] == "cuda" else tl, d**-0.5, wide)
         try:
             outs[be] = fn()
         except Exception as e:  # noqa: BLE001  (one backend failing must not hide the others' numbers)
@@ -202,39 +163,14 @@ def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bo
     return row
 
 
-def _decode_fn(variant: str, q, kv, scaling):
+def _decode_fn(variant: str, q, kv, scaling, wide: bool = True):
     """variant: 'cuda' | 'triton' | 'cuda:min_blocks=2,waves=1' (options of the backend's launcher)."""
     from quant.kernels import decode_attention
 
     backend, _, opts = variant.partition(":")
     options = {k: (float(v) if "." in v else int(v)) for k, v in (o.split("=") for o in opts.split(",") if o)}
+    options.setdefault("wide", wide)
     return lambda: decode_attention(q, kv, scaling, backend=backend, **options)
-
-
-def capture_graph(fn, n: int = 1):
-    """A CUDA graph of n calls of fn, captured after one call on a side stream (its allocations and lazy setup)."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    return g
-
-
-def _graph_us(fn, clean: bool = False) -> float | str:
-    """Median time of a CUDA-graph replay of fn (the kernels alone, no Python between them); clean: after a
-    read-only L2 flush (`clean_l2_us`), else do_bench's."""
-    try:
-        g = capture_graph(fn)
-        return clean_l2_us(g.replay) if clean else _median_us(g.replay)
-    except Exception as e:  # noqa: BLE001
-        return f"error: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
 
 
 def _best(row: dict, keys: tuple[str, ...]) -> tuple[float, str | None]:
@@ -278,13 +214,14 @@ def run_kernels(args, copy_bw: float) -> list[dict]:
 
     rows = []
     backends = [b for b in args.backends.split(",") if b]
+    wide = bench_kernels(args).wide_decode
     for shape in args.shapes.split(","):
         if shape not in SHAPES:
             raise SystemExit(f"unknown shape {shape!r}; choose from {list(SHAPES)}")
         for point in args.points.split(","):
             batch, ctx = (int(x) for x in point.lower().split("x"))
             try:
-                row = kernel_point(shape, batch, ctx, backends, args.flex)
+                row = kernel_point(shape, batch, ctx, backends, args.flex, wide=wide)
                 row.update(summarize(row, copy_bw))
             except torch.cuda.OutOfMemoryError as e:
                 row = {"shape": shape, "batch": batch, "context": ctx, "error": f"OOM: {str(e)[:120]}"}
@@ -324,15 +261,14 @@ def qwen3_8b_config():
                        max_position_embeddings=262144, rope_theta=1_000_000.0, tie_word_embeddings=False)
 
 
-def build_model(cfg):
-    """Random-weight bf16 model on the GPU, attention through quant.kernels.hf_decode.packed_attention,
-    RMSNorms through quant.kernels.triton_norm (unless OSCAR_FUSED_NORM=0), RoPE through quant.kernels.triton_rope
-    (unless OSCAR_FUSED_ROPE=0), decode-sized linear layers through quant.kernels.fused_linear (unless
-    OSCAR_FUSED_LINEAR=0)."""
+def build_model(cfg, kernels=None):
+    """Random-weight bf16 model on the GPU, attention through quant.kernels.hf_decode.packed_attention, and the
+    layer kernels `kernels` (quant.kernels.KernelOptions) asks for (quant.kernels.patch_model: RMSNorms, RoPE and
+    decode-sized linear layers; the BF16 and OScaR runs share the model)."""
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from quant.kernels import fused_linear, triton_norm, triton_rope
+    from quant.kernels import patch_model
     from quant.kernels.hf_decode import register
 
     name = register()
@@ -345,29 +281,8 @@ def build_model(cfg):
     finally:
         torch.set_default_dtype(default)
     model.config._attn_implementation = name
-    if triton_norm.enabled():  # one kernel per norm instead of ~7; the BF16 and OScaR runs share the model
-        triton_norm.fuse_rms_norms(model)
-    if triton_rope.enabled():  # one kernel per layer instead of ten, transformers' bits
-        triton_rope.fuse_rotary(model)
-    if fused_linear.enabled():  # projections as one-pass GEMVs, the MLP's gate/up/SiLU/multiply as one launch
-        fused_linear.fuse_linears(model)
+    patch_model(model, kernels)
     return model
-
-
-def make_cache(kind: str, cfg, batch: int, ctx: int, steps: int, backend: str | None):
-    """A cache of `kind` (bf16 | oscar) filled with random K/V at `ctx` tokens for every layer."""
-    from transformers.cache_utils import Cache
-
-    from quant.kernels.hf_decode import DenseDecodeLayer, PackedDecodeLayer
-
-    cap = ctx + steps + 256
-    make = (lambda: DenseDecodeLayer(cap)) if kind == "bf16" else (lambda: PackedDecodeLayer(cap, backend))
-    layers = [make() for _ in range(cfg.num_hidden_layers)]
-    hkv, d = cfg.num_key_value_heads, cfg.head_dim
-    layers[0].fill_random(batch, hkv, d, ctx, "cuda")
-    for layer in layers[1:]:  # the same values in every layer: speed does not depend on them
-        layer.copy_from(layers[0])
-    return Cache(layers=layers)
 
 
 def _sdpa_order():
@@ -395,20 +310,26 @@ def decode_step_ms(model, cache, batch: int, steps: int) -> tuple[float, float |
             torch.cuda.synchronize()
             if i >= 3:  # warm-up steps: allocator, kernel builds, cuDNN plans
                 times.append(time.perf_counter() - t0)
-        graph = _graph_us(step)
+        reset = repeat_step(cache)  # every replay writes the slot the captured step wrote
+
+        def replayable():
+            reset()
+            return step()
+
+        graph = _graph_us(replayable)
     return 1e3 * sorted(times)[len(times) // 2], graph / 1e3 if isinstance(graph, float) else graph
 
 
-def e2e_point(model, cfg, kind, batch, ctx, steps, backend) -> dict:
+def e2e_point(model, cfg, kind, batch, ctx, steps, kernels) -> dict:
     import torch
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    cache = make_cache(kind, cfg, batch, ctx, steps, backend)
-    kv_bytes = sum(layer.nbytes() for layer in cache.layers)
+    cache = make_cache(kind, cfg, batch, ctx, steps, kernels)
+    kv = kv_bytes(cache)
     ms, graph_ms = decode_step_ms(model, cache, batch, steps)
     row = {"kind": kind, "batch": batch, "context": ctx, "step_ms": ms, "tokens_per_s": batch / ms * 1e3,
-           "graph_step_ms": graph_ms, "kv_bytes": kv_bytes, "peak_bytes": torch.cuda.max_memory_allocated()}
+           "graph_step_ms": graph_ms, "kv_bytes": kv, "peak_bytes": torch.cuda.max_memory_allocated()}
     if isinstance(graph_ms, float):
         row["graph_tokens_per_s"] = batch / graph_ms * 1e3
     del cache
@@ -423,7 +344,7 @@ def batch_that_fits(per_seq: int, other: int, total: int, slack: int = 2 * 2**30
     return max(1, int((total - other - slack) // per_seq))
 
 
-def largest_batch(model, cfg, kind, ctx, steps, backend, probe: dict | None = None) -> dict:
+def largest_batch(model, cfg, kind, ctx, steps, kernels, probe: dict | None = None) -> dict:
     """Tokens/s at the largest batch whose cache fits: sized from a batch-1 step at the same context (its cache bytes
     per sequence, and its peak memory besides the cache), then stepped down one sequence at a time on OOM.
 
@@ -433,12 +354,12 @@ def largest_batch(model, cfg, kind, ctx, steps, backend, probe: dict | None = No
     import torch
 
     if probe is None or probe.get("context") != ctx or probe.get("batch") != 1:
-        probe = e2e_point(model, cfg, kind, 1, ctx, 5, backend)
+        probe = e2e_point(model, cfg, kind, 1, ctx, 5, kernels)
     per_seq = probe["kv_bytes"]
     batch = batch_that_fits(per_seq, probe["peak_bytes"] - per_seq, torch.cuda.mem_get_info()[1])
     while batch >= 1:
         try:
-            return e2e_point(model, cfg, kind, batch, ctx, steps, backend)
+            return e2e_point(model, cfg, kind, batch, ctx, steps, kernels)
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
             batch -= 1
@@ -449,13 +370,13 @@ def run_e2e(args) -> list[dict]:
     import torch
 
     cfg = qwen3_8b_config()
-    model = build_model(cfg)
-    backend = [b for b in args.backends.split(",") if b][0].partition(":")[0]
+    kernels = bench_kernels(args)
+    model = build_model(cfg, kernels)
     rows = []
     for ctx in (int(c) for c in args.e2e_contexts.split(",")):
         for kind in ("bf16", "oscar"):
             try:
-                rows.append(e2e_point(model, cfg, kind, 1, ctx, args.e2e_steps, backend))
+                rows.append(e2e_point(model, cfg, kind, 1, ctx, args.e2e_steps, kernels))
             except Exception as e:  # noqa: BLE001  (one failing point must not lose the others)
                 torch.cuda.empty_cache()
                 error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -464,13 +385,13 @@ def run_e2e(args) -> list[dict]:
     ctx = max(int(c) for c in args.e2e_contexts.split(","))
     for kind in ("bf16", "oscar"):
         probe = next((r for r in rows if r["kind"] == kind and r["context"] == ctx and "error" not in r), None)
-        rows.append({**largest_batch(model, cfg, kind, ctx, max(8, args.e2e_steps // 2), backend, probe),
+        rows.append({**largest_batch(model, cfg, kind, ctx, max(8, args.e2e_steps // 2), kernels, probe),
                      "largest": True})
         print(_e2e_line(rows[-1]), flush=True)
     return rows
 
 
-def generate_point(model, kind: str, ctx: int, new: int) -> dict:
+def generate_point(model, kind: str, ctx: int, new: int, kernels=None) -> dict:
     """One greedy `generate` of `new` tokens after a random `ctx`-token prompt, the way `make eval` runs it: BF16 on
     transformers' default cache ("bf16"), or quant.make_cache("oscar", model) on the kernel path with its decode steps
     eager ("oscar-eager") or replayed as CUDA graphs ("oscar", quant.kernels.graph_decode). Wall times; decode
@@ -487,7 +408,7 @@ def generate_point(model, kind: str, ctx: int, new: int) -> dict:
     counts = {}
 
     def run(n: int) -> float:
-        cache = None if kind == "bf16" else quant.make_cache("oscar", model)  # folds V's rotation into the weights
+        cache = None if kind == "bf16" else quant.make_cache("oscar", model, kernels=kernels)  # folds V's rotation
         if cache is None:
             quant.fold.set_folded(model, False)
         dec = GraphDecoder(model, cache) if kind == "oscar" else contextlib.nullcontext()
@@ -511,12 +432,13 @@ def generate_point(model, kind: str, ctx: int, new: int) -> dict:
 def run_generate(args) -> list[dict]:
     import torch
 
-    model = build_model(qwen3_8b_config())
+    kernels = bench_kernels(args)
+    model = build_model(qwen3_8b_config(), kernels)
     rows = []
     for ctx in (int(c) for c in args.generate_contexts.split(",") if c):
         for kind in ("bf16", "oscar-eager", "oscar"):
             try:
-                rows.append(generate_point(model, kind, ctx, args.generate_tokens))
+                rows.append(generate_point(model, kind, ctx, args.generate_tokens, kernels))
             except torch.cuda.OutOfMemoryError as err:
                 rows.append({"kind": kind, "context": ctx, "error": f"out of memory: {str(err).splitlines()[0]}"})
             torch.cuda.empty_cache()
@@ -536,23 +458,28 @@ def _e2e_line(r: dict) -> str:
             f"{r['tokens_per_s']:9.1f} tok/s  KV {r['kv_bytes'] / 2**30:7.2f} GiB  peak {r['peak_bytes'] / 2**30:6.2f} GiB")
 
 
-def environment() -> dict:
+def bench_kernels(args):
+    """The run's quant.kernels.KernelOptions: `--kernels` over the environment's overrides; the e2e and generate
+    benchmarks decode OScaR on the first of `--backends`."""
+    from harness.run import kernel_options
+
+    first = [b for b in getattr(args, "backends", "cuda").split(",") if b][0].partition(":")[0]
+    return kernel_options(getattr(args, "kernels", None), first)
+
+
+def environment(kernels=None) -> dict:
+    """The GPU, versions and the run's kernel options (the e2e model's layer kernels, the decode builds)."""
     import torch
     import transformers
     import triton
 
-    from quant.kernels import cuda, fused_linear, triton_norm, triton_rope
+    from harness.results import kernel_switches
 
     p = torch.cuda.get_device_properties(0)
     return {"device": p.name, "sms": p.multi_processor_count, "memory_bytes": p.total_memory,
             "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
-            "fused_norm": triton_norm.enabled(),  # the e2e model's RMSNorms (OSCAR_FUSED_NORM)
-            "fused_rope": triton_rope.enabled(),  # its RoPE (OSCAR_FUSED_ROPE)
-            "fused_linear": fused_linear.enabled(),  # and its decode-time linear layers (OSCAR_FUSED_LINEAR)
-            # the norms and RoPE as CUDA launches rather than Triton's (OSCAR_LAYER_KERNELS=triton)
-            "cuda_norm_rope": os.environ.get("OSCAR_LAYER_KERNELS", "cuda") != "triton",
-            "wide_decode": cuda.wide_enabled()}  # few-row decodes may take the 8-warp build (OSCAR_WIDE_DECODE=0: never)
+            **{k: v for k, v in kernel_switches(kernels).items() if k != "cuda_graphs"}}
 
 
 def main(args) -> int:
@@ -561,9 +488,13 @@ def main(args) -> int:
     if not torch.cuda.is_available():
         print("oscar-eval bench needs a CUDA GPU (the kernels and the timings are GPU-only); none is visible")
         return 2
+    if args.what == "peers":
+        from harness.bench.peers import run_peers
+
+        return run_peers(args)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(args.out or f"results/bench/bench-{stamp}.json")
-    result = {"date": stamp, "environment": environment(), "copy_bandwidth_Bps": copy_bandwidth()}
+    result = {"date": stamp, "environment": environment(bench_kernels(args)), "copy_bandwidth_Bps": copy_bandwidth()}
     print(f"{result['environment']['device']}: copy {result['copy_bandwidth_Bps'] / 1e12:.2f} TB/s", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.what in ("kernels", "all"):

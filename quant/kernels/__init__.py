@@ -6,46 +6,17 @@ Backends (same numbers up to rounding, chosen at run time):
             TRITON_INTERPRET=1 (what CI runs, small shapes only);
 - "torch":  the reference (quant.attention.packed_attention_reference, quant.methods.oscar.pack_block).
 `default_backend(device)` picks "cuda" on a CUDA device when nvcc is there, else "triton" on CUDA, else
-"torch". The environment variable OSCAR_KERNEL_BACKEND overrides it.
+"torch"; a run chooses another through its `quant.kernels.options.KernelOptions` (backend=...).
 """
 from __future__ import annotations
 
-import functools
 import importlib
-import os
-import shutil
 
 import torch
 
-BACKENDS = ("cuda", "triton", "torch")
+from quant.kernels.options import BACKENDS, KernelOptions, default_backend
 
-
-def default_backend(device: torch.device | str) -> str:
-    forced = os.environ.get("OSCAR_KERNEL_BACKEND")
-    if forced:
-        if forced not in BACKENDS:
-            raise ValueError(f"OSCAR_KERNEL_BACKEND={forced!r}; choose one of {BACKENDS}")
-        return forced
-    if torch.device(device).type != "cuda":
-        return "torch"
-    if _has_nvcc():
-        return "cuda"
-    _warn_triton_fallback()
-    return "triton"
-
-
-@functools.lru_cache(maxsize=None)
-def _warn_triton_fallback() -> None:  # once per process
-    import warnings
-
-    warnings.warn("CUDA GPU without nvcc: OScaR decodes with the Triton kernels, 1.4-1.5x slower than the CUDA ones at "
-                  "long contexts (README, Speed). Put the CUDA toolkit's nvcc on PATH (or set CUDA_HOME) for the CUDA "
-                  "kernels, or set OSCAR_KERNEL_BACKEND=triton to choose Triton and silence this.", stacklevel=3)
-
-
-@functools.lru_cache(maxsize=None)
-def _has_nvcc() -> bool:  # once per process: a PATH search on every decode step's layer would cost host time
-    return shutil.which("nvcc") is not None or bool(os.environ.get("CUDA_HOME"))
+__all__ = ["BACKENDS", "KernelOptions", "default_backend", "decode_attention", "pack_kv", "valid_part"]
 
 
 def _module(backend: str, kind: str):
@@ -58,14 +29,18 @@ def _module(backend: str, kind: str):
 def decode_attention(query, kv, scaling: float, backend: str | None = None, **options):
     """Attention of query [B, Hq, Lq, D] over a quant.packed.PackedKV -> [B, Hq, Lq, D] (query dtype).
 
-    options: kv_lens, res_lens (valid tokens per sequence), split_tokens (split-KV size).
+    options: kv_lens, res_lens (valid tokens per sequence), split_tokens (split-KV size), wide (the CUDA backend may
+    take its 8-warp build for few-row steps).
     """
     backend = backend or default_backend(query.device)
+    wide = options.pop("wide", True)  # the CUDA build choice (KernelOptions.wide_decode); other backends have one
     if backend == "torch":
         from quant.attention import packed_attention_reference
 
         kv = valid_part(kv, options.get("kv_lens"), options.get("res_lens"))
         return packed_attention_reference(query, kv, scaling)
+    if backend == "cuda":
+        options["wide"] = wide
     return _module(backend, "decode").decode_attention(query, kv, scaling, **options)
 
 
@@ -105,16 +80,35 @@ def valid_part(kv, kv_lens=None, res_lens=None):
 
 def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, backend: str | None = None,
             rotate_values: bool | None = None):
-    """OScaR pack of a block K, V [B, H, T, D] (T % 32 == 0): (k_q, v_q, norms) as oscar.pack_block.
+    """OScaR pack of a block K, V [B, H, T, D] (T % 32 == 0) on a kernel backend: (k_q, v_q, norms), the layout of
+    the reference quant.methods.oscar.pack_block.
     rotate_values (default: rotate) = False packs V as it comes: the model's weights carry its rotation
     (quant/fold.py)."""
     backend = backend or default_backend(k.device)
     rotate_values = rotate if rotate_values is None else rotate_values
-    if backend == "torch":
-        from quant.methods.oscar import OScaRConfig, pack_block
-        from quant.primitives import hadamard
-
-        cfg = OScaRConfig(rotation="hadamard" if rotate else "none", token_norm=token_norm)
-        return pack_block(k, v, cfg, hadamard(k.shape[-1], device=k.device) if rotate else None,
-                          rotate_values=rotate_values)
+    if backend == "torch":  # the reference packer lives with the method: this package never imports quant.methods
+        raise ValueError("pack_kv packs with a kernel backend (cuda, triton); the torch reference pack is "
+                         "quant.methods.oscar.pack_block")
     return _module(backend, "pack").pack_kv(k, v, rotate, token_norm, rotate_values)
+
+
+def patch_model(model, options: KernelOptions | None = None) -> dict[str, int]:
+    """Route a GPU model's RMSNorms, RoPE and decode-sized linear layers through the project's kernels, as `options`
+    asks (fused_norm, fused_rope, fused_linear; layer_kernels: CUDA or Triton launches for norms and RoPE). A model
+    without CUDA weights, or a machine without triton, is left alone. Returns the count patched of each kind."""
+    options = options or KernelOptions()
+    if not any(p.is_cuda for p in model.parameters()):
+        return {}  # a CPU model would only ever take the fallback: leave it (and triton's import) alone
+    try:
+        from quant.kernels import fused_linear, triton_norm, triton_rope
+    except ImportError:  # no triton (the optional `kernels` extra)
+        return {}
+    cuda_launch = options.layer_kernels == "cuda"
+    done = {}
+    if options.fused_rope:
+        done["rope"] = len(triton_rope.fuse_rotary(model, cuda_launch))
+    if options.fused_linear:
+        done.update(fused_linear.fuse_linears(model))
+    if options.fused_norm:
+        done["norm"] = triton_norm.fuse_rms_norms(model, cuda_launch)
+    return done

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.resources
 import os
 import warnings
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 from quant.kernels.common import choose_split, num_sms, prepare_decode
 from quant.packed import PackedKV, QTensor
 
-CSRC = Path(__file__).resolve().parents[2] / "csrc"
+CSRC = Path(str(importlib.resources.files("quant.csrc")))  # the top-level csrc/, shipped as package data
 SOURCES = ("oscar_bindings.cu", "include/oscar_common.cuh", "include/oscar_layout.cuh", "include/oscar_decode.cuh",
            "include/oscar_decode_impl.cuh", "include/oscar_combine.cuh", "include/oscar_pack.cuh",
            "include/oscar_floor.cuh", "include/oscar_msg.h")
@@ -126,26 +127,25 @@ def layers_ready() -> bool:
     except Exception as e:  # noqa: BLE001 - any build or import error means: use the fallbacks
         _LAYERS_FAILED.append(f"{type(e).__name__}: {e}")
         warnings.warn(f"quant.kernels.cuda: the decode-time layer extension did not build ({_LAYERS_FAILED[0][:300]}); "
-                      "linear layers stay on torch, RMSNorm and RoPE on Triton (OSCAR_FUSED_LINEAR=0 and "
-                      "OSCAR_LAYER_KERNELS=triton silence this)", stacklevel=3)
+                      "linear layers stay on torch, RMSNorm and RoPE on Triton (kernel options fused_linear=off and "
+                      "layer_kernels=triton silence this)", stacklevel=3)
         return False
 
 
 def layer_kernels_on(device: torch.device) -> bool:
-    """Whether the patched RMSNorms and RoPE of a model on `device` launch the CUDA kernels (else Triton's): on a
-    CUDA device with the CUDA backend (quant.kernels.default_backend) and a built extension, unless
-    OSCAR_LAYER_KERNELS=triton. The kernels are the same formula; the C++ launch costs a few microseconds where
-    Triton's Python launcher costs tens, which bounds eager decoding (quant/kernels/NOTES.md run 60)."""
-    key = (device, os.environ.get("OSCAR_LAYER_KERNELS"))
-    on = _LAYER_KERNELS_ON.get(key)
-    if on is None:  # decided once per device and setting: this runs before each of a decode step's 181 launches
-        from quant.kernels import default_backend
+    """Whether patched RMSNorms and RoPE asked for CUDA launches (KernelOptions.layer_kernels="cuda") can have them
+    on `device`: a CUDA device where nvcc is (quant.kernels.default_backend) and the extension built; else they take
+    the Triton kernels. The kernels are the same formula; the C++ launch costs a few microseconds where Triton's
+    Python launcher costs tens, which bounds eager decoding."""
+    on = _LAYER_KERNELS_ON.get(device)
+    if on is None:  # decided once per device: this runs before each of a decode step's 181 launches
+        from quant.kernels.options import default_backend
 
-        on = _LAYER_KERNELS_ON[key] = key[1] != "triton" and default_backend(device) == "cuda" and layers_ready()
+        on = _LAYER_KERNELS_ON[device] = default_backend(device) == "cuda" and layers_ready()
     return on
 
 
-_LAYER_KERNELS_ON: dict[tuple[torch.device, str | None], bool] = {}
+_LAYER_KERNELS_ON: dict[torch.device, bool] = {}
 
 
 NORM_DTYPES = (torch.float16, torch.bfloat16)
@@ -228,14 +228,9 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 # thinker's 32 / 4 heads; Qwen3's 32 / 8 with 2 query tokens, run 158: 1 x 4K 13.6 / 12.9 against 13.9 / 14.0) take
 # it at any length where a row has >= 16 SMs; Qwen3's 4 only from WIDE_MIN_TOKENS.
 # On by default since run 154 (both builds' GPU tests in one process, then the whole bench against run 149);
-# OSCAR_WIDE_DECODE=0 keeps every launch on NARROW.
+# KernelOptions(wide_decode=False) keeps every launch on NARROW.
 NARROW, WIDE = (3, 4), (1, 8)
 WIDE_MIN_TOKENS = 16384
-
-
-def wide_enabled() -> bool:
-    """Whether `specialization` may pick the WIDE build: on unless OSCAR_WIDE_DECODE=0."""
-    return os.environ.get("OSCAR_WIDE_DECODE", "1") != "0"
 
 
 def wide_plan(tokens: int, rows: int, sms: int, query_rows: int = 1) -> bool:
@@ -247,11 +242,11 @@ def wide_plan(tokens: int, rows: int, sms: int, query_rows: int = 1) -> bool:
 
 
 def specialization(tokens: int, rows: int, sms: int, min_blocks: int | None = None,
-                   warps: int | None = None, query_rows: int = 1) -> tuple[int, int]:
-    """(min_blocks, warps) of a launch: given ones stay (the other from NARROW), else WIDE where `wide_enabled` and
-    `wide_plan`, NARROW otherwise."""
+                   warps: int | None = None, query_rows: int = 1, wide: bool = True) -> tuple[int, int]:
+    """(min_blocks, warps) of a launch: given ones stay (the other from NARROW), else WIDE where `wide` (the run's
+    KernelOptions.wide_decode) and `wide_plan`, NARROW otherwise."""
     if min_blocks is None and warps is None:
-        return WIDE if wide_enabled() and wide_plan(tokens, rows, sms, query_rows) else NARROW
+        return WIDE if wide and wide_plan(tokens, rows, sms, query_rows) else NARROW
     return NARROW[0] if min_blocks is None else min_blocks, NARROW[1] if warps is None else warps
 
 
@@ -259,7 +254,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
                      split_tokens: int | None = None, min_blocks: int | None = None, waves: float | None = None,
                      trace: torch.Tensor | None = None, window_cta: bool | None = None,
                      order: int | None = None, merge_group: int | None = None,
-                     warps: int | None = None) -> torch.Tensor:
+                     warps: int | None = None, wide: bool = True) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
     Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
@@ -282,7 +277,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         raise ValueError(f"(Hq / Hkv) * Lq = {x.group * x.lq} query rows per KV head exceed the 16 rows of one "
                          "tensor-core tile: use backend='triton' or fewer speculative tokens")
     rows = x.batch * x.kv_heads
-    min_blocks, warps = specialization(x.tokens, rows, num_sms(query.device), min_blocks, warps, x.group * x.lq)
+    min_blocks, warps = specialization(x.tokens, rows, num_sms(query.device), min_blocks, warps, x.group * x.lq, wide)
     if split_tokens is None:
         if waves is not None:
             slots = num_sms(query.device) * min_blocks
@@ -372,13 +367,14 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     return split, n, window_cta
 
 
-def launch_plan(query: torch.Tensor, kv: PackedKV, min_blocks: int | None = None, warps: int | None = None) -> dict:
+def launch_plan(query: torch.Tensor, kv: PackedKV, min_blocks: int | None = None, warps: int | None = None,
+                wide: bool = True) -> dict:
     """The decode's planned launch for these inputs, as `decode_attention` makes it: the build (min_blocks, warps),
     splits, their tokens, the window's placement, the CTA order, the merge's groups, the grid's CTAs and the kernel
     ("row": decode_row_kernel, else decode_split_kernel; recorded per point by `oscar-eval bench`)."""
     x = prepare_decode(query, kv, rotate_query=False, order="frag")
     rows, sms = x.batch * x.kv_heads, num_sms(query.device)
-    min_blocks, warps = specialization(x.tokens, rows, sms, min_blocks, warps, x.group * x.lq)
+    min_blocks, warps = specialization(x.tokens, rows, sms, min_blocks, warps, x.group * x.lq, wide)
     split, splits, window_cta = decode_plan(x.tokens, rows, sms, min_blocks, x.residual)
     return {"min_blocks": min_blocks, "warps": warps, "splits": splits, "split_tokens": split, "window_cta": window_cta,
             "order": cta_order(rows, splits, window_cta, sms * min_blocks, sms),

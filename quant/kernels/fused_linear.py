@@ -18,7 +18,6 @@ for bit. The gated MLP rounds g, silu(g), u and silu(g) * u to the dtype, as tra
 from __future__ import annotations
 
 import functools
-import os
 import types
 
 import torch
@@ -57,17 +56,14 @@ ATTENTION_CLASSES = {
 SILU = ("SiLU", "SiLUActivation")  # torch.nn.SiLU, transformers.activations.SiLUActivation
 
 
-def enabled() -> bool:
-    """OSCAR_FUSED_LINEAR=0 keeps torch's linear layers (A/B timing, or to rule the kernel out)."""
-    return os.environ.get("OSCAR_FUSED_LINEAR", "1") != "0"
-
-
 def rows_per_cta(n: int, device: torch.device) -> int:
     """Output rows per CTA: 4 (four weight rows' loads in flight per thread) while that still gives >= 4 CTAs per
-    SM, else fewer, so that small projections (k/v: 1024 rows) still spread over every SM. OSCAR_GEMV_ROWS forces
-    a value (sweeps)."""
-    forced = os.environ.get("OSCAR_GEMV_ROWS")
-    return int(forced) if forced else _default_rows(n, device)
+    SM, else fewer, so that small projections (k/v: 1024 rows) still spread over every SM. FORCED_ROWS, when set,
+    overrides the choice (sweeps of harness/bench/dev)."""
+    return FORCED_ROWS or _default_rows(n, device)
+
+
+FORCED_ROWS: int | None = None
 
 
 @functools.lru_cache(maxsize=None)

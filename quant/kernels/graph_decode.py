@@ -1,8 +1,8 @@
 """CUDA-graph replay of one-token decode steps inside transformers' `generate`, on the OScaR kernel path.
 
 `make eval` decodes through `generate`: one eager `forward` per token, about a thousand kernel launches from
-Python on an 8B model, so the GPU waits on the host (quant/kernels/NOTES.md: 17-37 ms a step eager against
-6-8 ms replayed as a graph). `decode_graphs(model, cache)` wraps `model.forward` while `generate` runs:
+Python on an 8B model, so the GPU waits on the host (an 8B model on an H100: 17-37 ms a step eager against 6-8 ms
+replayed as a graph). `decode_graphs(model, cache)` wraps `model.forward` while `generate` runs:
 - the prefill, calls that are not a one-token step over `cache`, the first decode step (the warm-up: it opens
   the layers' fixed windows) and every step whose token fills the 128-token window (the flush packs it and
   replaces the packed tensors) run eagerly;
@@ -12,13 +12,12 @@ Python on an 8B model, so the GPU waits on the host (quant/kernels/NOTES.md: 17-
   until the next flush, then the next step captures a new one (one capture per 128 tokens).
 A capture that fails (a host sync in some model's forward) restores the layers' host state (capturing runs
 no device work), warns once and leaves the rest of the call eager. Graph steps give the eager steps' logits
-bit for bit (tests/test_graph_decode.py). OSCAR_CUDA_GRAPHS=0 turns it off.
+bit for bit (tests/kernels/test_graph_decode.py). The cache's kernel options turn it off (cuda_graphs=False).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import warnings
 
 import torch
@@ -28,10 +27,8 @@ TOKEN_TYPES = ("token_type_ids", "mm_token_type_ids", "moe_mm_token_type_ids")
 
 def graphs_enabled(model, cache) -> bool:
     """Graph steps apply to an OScaR cache on the kernel path with the model on a CUDA device."""
-    if os.environ.get("OSCAR_CUDA_GRAPHS", "1") == "0" or cache is None:
-        return False
-    shared = getattr(cache, "shared", None) or {}
-    if not shared.get("fast_decode"):
+    state = getattr(cache, "state", None)
+    if state is None or not state.fast_decode or (state.kernels is not None and not state.kernels.cuda_graphs):
         return False
     try:
         return next(model.parameters()).device.type == "cuda"
@@ -75,7 +72,7 @@ class GraphDecoder:
     def __exit__(self, *exc):
         del self.model.forward  # back to the class's forward
         self._drop()
-        self.cache.shared["graph_steps"] = self.counts["captured"] + self.counts["replayed"]  # for the results
+        self.cache.state.graph_steps = self.counts["captured"] + self.counts["replayed"]  # for the results
         return False
 
     # -- one call of forward --------------------------------------------------------------------------

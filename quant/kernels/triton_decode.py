@@ -342,7 +342,7 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, spl
                      maxnreg: int | None = None):
     """OScaR decode attention with Triton. query [B, Hq, Lq, D] -> out [B, Hq, Lq, D] (query dtype).
 
-    kv: quant.packed.PackedKV, codes best in the "tl" order (PackedDecodeLayer keeps them so for this backend);
+    kv: quant.packed.PackedKV, codes best in the "tl" order (an OScaR cache on the Triton path keeps them so);
     another order is converted on every call (correct, slow), and a token count that is not a multiple of 128 is
     padded first. kv_lens / res_lens: valid quantized / residual tokens per sequence (default: all stored). Lq > 1
     (speculative tokens): the newest Lq tokens, causal among themselves; at least Lq - 1 of them must be in each

@@ -100,11 +100,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-def enabled() -> bool:
-    """OSCAR_FUSED_NORM=0 keeps transformers' own norms (A/B timing, or to rule the kernel out)."""
-    return os.environ.get("OSCAR_FUSED_NORM", "1") != "0"
-
-
 def _fused_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     """Instance forward of a patched norm: on CUDA the CUDA kernel (quant.kernels.cuda.rms_norm: fp16/bf16 with a
     weight of the same dtype, N % 8 == 0, `layer_kernels_on`) or this Triton kernel; the class's forward elsewhere."""
@@ -114,7 +109,7 @@ def _fused_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
             and 0 < hidden_states.shape[-1] <= MAX_N):
         from quant.kernels import cuda
 
-        if cuda.layer_kernels_on(hidden_states.device):  # the same formula as one C++ launch (csrc/)
+        if self._oscar_cuda_launch and cuda.layer_kernels_on(hidden_states.device):  # the same formula, one C++ launch
             x2 = cuda.rms_norm_rows(hidden_states, w)
             if x2 is not None:
                 return cuda.load_layers().rms_norm(x2, w, float(self.variance_epsilon)).view(hidden_states.shape)
@@ -134,8 +129,9 @@ def _allowed(module, qualified: set[str]) -> bool:
             and isinstance(getattr(module, "weight", None), torch.nn.Parameter))
 
 
-def fuse_rms_norms(model: torch.nn.Module) -> int:
-    """Route every allow-listed RMSNorm of `model` through `rms_norm` when its input is on CUDA.
+def fuse_rms_norms(model: torch.nn.Module, cuda_launch: bool = True) -> int:
+    """Route every allow-listed RMSNorm of `model` through `rms_norm` when its input is on CUDA (through the CUDA
+    kernel instead where `cuda_launch` and `quant.kernels.cuda.layer_kernels_on`).
 
     Sets an instance `forward` (a bound method, so deepcopy rebinds it); classes and transformers' modules
     are left untouched, and a module whose forward is already overridden is skipped. Returns the count.
@@ -144,5 +140,6 @@ def fuse_rms_norms(model: torch.nn.Module) -> int:
     for module in model.modules():
         if _allowed(module, qualified) and "forward" not in module.__dict__:
             module.forward = types.MethodType(_fused_forward, module)
+            module._oscar_cuda_launch = cuda_launch
             count += 1
     return count

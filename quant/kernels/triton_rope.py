@@ -12,7 +12,6 @@ floats is exact in float32, so float32 math then one rounding is torch's result 
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -102,34 +101,32 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     return oq, ok
 
 
-def enabled() -> bool:
-    """OSCAR_FUSED_ROPE=0 keeps transformers' own RoPE (A/B timing, or to rule the kernel out)."""
-    return os.environ.get("OSCAR_FUSED_ROPE", "1") != "0"
-
-
 def _fused(original):
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         if q.is_cuda and supported(q, k, cos, sin, unsqueeze_dim):
             from quant.kernels import cuda
 
-            if cuda.layer_kernels_on(q.device) and cuda.rope_takes(q, k, cos, sin):  # one C++ launch (csrc/)
+            if (apply_rotary_pos_emb.cuda_launch and cuda.layer_kernels_on(q.device)
+                    and cuda.rope_takes(q, k, cos, sin)):  # one C++ launch (csrc/)
                 return cuda.rope(q, k, cos, sin)
             return rope(q, k, cos, sin)
         return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
     apply_rotary_pos_emb.oscar_original = original
+    apply_rotary_pos_emb.cuda_launch = True
     apply_rotary_pos_emb.__doc__ = ("quant.kernels.cuda.rope or triton_rope on CUDA, else transformers' own "
                                      "(oscar_original).")
     return apply_rotary_pos_emb
 
 
-def fuse_rotary(model: torch.nn.Module) -> list[str]:
+def fuse_rotary(model: torch.nn.Module, cuda_launch: bool = True) -> list[str]:
     """Route the RoPE of `model`'s allow-listed transformers modules through `rope` on CUDA.
 
     The modeling module's `apply_rotary_pos_emb` is replaced by a wrapper that calls the kernel for CUDA inputs it
     supports and the original otherwise, so every model of that family in the process gets it: the kernel gives
-    transformers' bits, so the replacement is invisible except in speed. Idempotent. Returns the modules patched
-    now (those already patched are not listed)."""
+    transformers' bits, so the replacement is invisible except in speed. Idempotent; `cuda_launch` (the last call's
+    applies to the family) launches the CUDA kernel instead where `quant.kernels.cuda.layer_kernels_on`. Returns the
+    modules patched now (those already patched are not listed)."""
     patched = []
     for name in sorted({type(m).__module__ for m in model.modules()}):
         family = name.rpartition(".modeling_")[2]
@@ -140,4 +137,5 @@ def fuse_rotary(model: torch.nn.Module) -> list[str]:
         if not hasattr(mod.apply_rotary_pos_emb, "oscar_original"):
             mod.apply_rotary_pos_emb = _fused(mod.apply_rotary_pos_emb)
             patched.append(name)
+        mod.apply_rotary_pos_emb.cuda_launch = cuda_launch
     return patched

@@ -21,6 +21,34 @@ QUANTIZED_PARTS = ("codes", "scales", "norms")
 FP_PARTS = ("residual", "outliers", "fp")
 
 
+@dataclass(eq=False)
+class CacheState:
+    """Cache-wide facts every layer of one cache reads (quant.cache.QuantizedKVCache.state).
+
+    modalities: LongTensor [B, S] of the prompt's modality codes, or None; values_folded: the model's weights carry
+    the values' rotation (quant/fold.py); kernels: the run's quant.kernels.KernelOptions; fast_decode: decode steps
+    hand the attention function the packed state (the kernel path); graph_steps: decode steps replayed as CUDA
+    graphs so far (quant.kernels.graph_decode)."""
+
+    kernels: Any = None
+    modalities: torch.Tensor | None = None
+    values_folded: bool = False
+    fast_decode: bool = False
+    graph_steps: int = 0
+    window_lengths: torch.Tensor | None = None  # int32 [layers, B]: each layer's valid window tokens on the device
+    # Teacher-forced scoring (tasks/ppl): a chunk of S > 1 tokens then attends over everything as stored after it,
+    # as S decode steps would, rather than as a prompt (exact new K/V); see MethodConfig.exact_chunk.
+    decode_chunks: bool = False
+
+    def window_length(self, layer_idx: int, num_layers: int, batch: int, device) -> torch.Tensor:
+        """Layer `layer_idx`'s row of `window_lengths` (allocated on first use): every layer's window length lives
+        in one tensor, so one launch sets them all (a benchmark replaying one decode step resets them per replay)."""
+        w = self.window_lengths
+        if w is None or w.shape != (num_layers, batch) or w.device != torch.device(device):
+            w = self.window_lengths = torch.zeros(num_layers, batch, dtype=torch.int32, device=device)
+        return w[layer_idx]
+
+
 @dataclass
 class LayerContext:
     """Facts about the model a layer may need, shared by all layers of one cache."""
@@ -29,7 +57,8 @@ class LayerContext:
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    shared: dict[str, Any] = dataclasses.field(default_factory=dict)  # cache-wide (modalities, hooks' data)
+    shared: dict[str, Any] = dataclasses.field(default_factory=dict)  # the method's own cache-wide data
+    state: CacheState = dataclasses.field(default_factory=CacheState)  # cache-wide facts (see CacheState)
 
 
 @dataclass(frozen=True)
@@ -53,8 +82,42 @@ class MethodConfig:
         """Nominal bits per code (the method's headline bit width)."""
         return 16.0
 
+    @property
+    def folds_values(self) -> bool:
+        """Whether the values' rotation lives in the model's weights (quant/fold.py folds it into v_proj / o_proj
+        when a cache is made with the model) rather than in the cache."""
+        return False
+
+    @property
+    def kernel_decode(self) -> bool:
+        """Whether this config stores the packed format the fast decode kernels read (quant.kernels): its caches
+        then decode on them on a GPU (quant.cache.use_fast_decode)."""
+        return False
+
+    @property
+    def window(self) -> int:
+        """R, the newest tokens kept in full precision (block flush); 0 = none (every token quantized when stored)."""
+        return int(getattr(self, "residual_length", 0))
+
+    def exact_chunk(self, position: int) -> int:
+        """How many tokens from cache position `position` on one forward may feed with CacheState.decode_chunks
+        and have each token see exactly what its own decode step would see. 1 (step by step) unless the method
+        knows better: its stored state of the tokens before any token t must not depend on tokens after t."""
+        return 1
+
     def make_layer(self, ctx: LayerContext) -> "QuantLayer":
         raise NotImplementedError
+
+
+def block_flush_chunk(position: int, r: int) -> int:
+    """exact_chunk of a block-flushed window of r tokens (r = 0: tokens quantized one by one, independently).
+
+    The window flushes when the cache holds a multiple of r tokens, so the token at position q flushes it when
+    (q + 1) % r == 0: that token goes alone (its step sees its whole block quantized); the tokens before it
+    change nothing already stored."""
+    if r == 0:
+        return 1 << 30
+    return 1 if (position + 1) % r == 0 else r - 1 - position % r
 
 
 def check(condition: bool, message: str) -> None:
@@ -65,6 +128,11 @@ def check(condition: bool, message: str) -> None:
 
 def check_pow2_group(name: str, value: int) -> None:
     check(value > 0 and value & (value - 1) == 0 and value >= 16, f"{name} must be a power of two >= 16, got {value}")
+
+
+def check_zero_point(method: str, value: str) -> None:
+    check(value in ("float", "integer"), f"{method}.zero_point must be 'float' (x_hat = q * s + min) or 'integer' "
+          f"(x_hat = s * (q - round(-min / s))), got {value!r}")
 
 
 def cat_tokens(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
@@ -106,7 +174,7 @@ class QuantLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
-        if new > 1:
+        if new > 1 and not self.ctx.state.decode_chunks:
             past = self._dense() if self.seen else None
             self._append(key_states, value_states)
             self.seen += new
@@ -119,6 +187,18 @@ class QuantLayer(CacheLayerMixin):
 
     def get_seq_length(self) -> int:
         return self.seen
+
+    def _window_blocks(self, k: torch.Tensor, v: torch.Tensor, r: int):
+        """Append k, v [B, H, S, D] to the full-precision window (k_res, v_res) and take out its first
+        floor(len / r) * r tokens, returned as (k, v) to quantize, or None. r = 0: every token, at once."""
+        self.k_res, self.v_res = cat_tokens(self.k_res, k), cat_tokens(self.v_res, v)
+        n = self.k_res.shape[-2]
+        full = n if r == 0 else n // r * r
+        if not full:
+            return None
+        block = self.k_res[..., :full, :], self.v_res[..., :full, :]
+        self.k_res, self.v_res = self.k_res[..., full:, :], self.v_res[..., full:, :]
+        return block
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.seen + query_length, 0

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from quant.methods.base import MethodConfig, QuantLayer, cat_tokens, check, check_pow2_group
-from quant.packed import PackedKV, QTensor, cat_optional, quantize, quantize_segments
+from quant.methods.base import (MethodConfig, QuantLayer, block_flush_chunk, cat_tokens, check, check_pow2_group,
+                                check_zero_point)
+from quant.packed import TL_BLOCK, PackedKV, QTensor, cat_optional, quantize, quantize_segments
 from quant.primitives import hadamard
 
 
@@ -39,6 +40,9 @@ class OScaRConfig(MethodConfig):
     # [ours] key groups also end at modality boundaries (needs cache.set_modalities). Off by default:
     # measured ~1% lower key error on mixed sequences for +1.5% scale storage (see harness tni / notes).
     align_modality_groups: bool = False
+    # "integer" z = round(-min / s), as the official framework and CUDA pack round it; "float": the minimum itself
+    # (KIVI's convention, what the fused packers here write). Both store the offset zero = -s * z or min.
+    zero_point: str = "float"
 
     def validate(self):
         check(self.bits in (2, 3, 4), f"oscar.bits must be 2, 3 or 4, got {self.bits}")
@@ -47,8 +51,21 @@ class OScaRConfig(MethodConfig):
         check(self.value_rotation in ("offline", "online"),
               f"oscar.value_rotation must be 'offline' (folded into v_proj/o_proj) or 'online', got {self.value_rotation!r}")
         check(isinstance(self.align_modality_groups, bool), "oscar.align_modality_groups must be true or false")
+        check_zero_point("oscar", self.zero_point)
         check(self.residual_length > 0 and self.residual_length % self.group_size == 0,
               f"oscar.residual_length ({self.residual_length}) must be a positive multiple of group_size ({self.group_size})")
+
+    @property
+    def folds_values(self) -> bool:
+        return self.rotation == "hadamard" and self.value_rotation == "offline"
+
+    @property
+    def kernel_decode(self) -> bool:
+        # The kernels implement INT2 in 32-token key groups; modality-aligned groups have variable lengths.
+        return self.bits == 2 and self.group_size == 32 and not self.align_modality_groups
+
+    def exact_chunk(self, position):
+        return block_flush_chunk(position, self.residual_length)
 
     def make_layer(self, ctx):
         return OScaRLayer(self, ctx)
@@ -73,17 +90,20 @@ def aligned_starts(tags: torch.Tensor | None, start: int, length: int, group: in
 
 
 def pack_block(k: torch.Tensor, v: torch.Tensor, config: OScaRConfig, rot: torch.Tensor | None,
-               starts: torch.Tensor | None = None, rotate_values: bool = True):
+               starts: torch.Tensor | None = None, rotate_values: bool = True, backend: str | None = None):
     """The reference packer for a block of T tokens (T a multiple of the group size).
 
     k, v: [B, H, T, D]. Returns (k_q: QTensor axis -2 of K_unit, v_q: QTensor axis -1 of V_rot,
     norms: float32 [B, T] or None when token scaling is off). `starts`: variable key groups.
     rotate_values=False: V is quantized as it comes (the model's weights carry its rotation).
+    backend: the fused packer's (None: the device's default); "torch" packs here.
     """
-    if k.is_cuda and config.bits == 2 and config.group_size == 32 and starts is None:
-        from quant.kernels import default_backend, pack_kv
+    # the fused packers write the float zero point; an integer one packs here
+    if k.is_cuda and config.bits == 2 and config.group_size == 32 and starts is None and config.zero_point == "float":
+        from quant.kernels import pack_kv
+        from quant.kernels.options import default_backend
 
-        backend = default_backend(k.device)
+        backend = backend or default_backend(k.device)
         if backend != "torch":  # the fused CUDA/Triton packer writes the same layout
             return pack_kv(k, v, rotate=rot is not None, token_norm=config.token_norm, backend=backend,
                            rotate_values=rot is not None and rotate_values)
@@ -92,9 +112,9 @@ def pack_block(k: torch.Tensor, v: torch.Tensor, config: OScaRConfig, rot: torch
     norms = token_norms(k_rot) if config.token_norm else None
     k_unit = k_rot / norms[:, None, :, None] if norms is not None else k_rot
     return (
-        quantize(k_unit, config.bits, config.group_size, axis=-2) if starts is None
-        else quantize_segments(k_unit, config.bits, starts.to(k.device)),
-        quantize(v_rot, config.bits, config.group_size, axis=-1),
+        quantize(k_unit, config.bits, config.group_size, axis=-2, zero_point=config.zero_point) if starts is None
+        else quantize_segments(k_unit, config.bits, starts.to(k.device), config.zero_point),
+        quantize(v_rot, config.bits, config.group_size, axis=-1, zero_point=config.zero_point),
         norms,
     )
 
@@ -115,7 +135,7 @@ class OScaRLayer(QuantLayer):
     def lazy_initialization(self, key_states, value_states):
         super().lazy_initialization(key_states, value_states)
         # The values arrive rotated when make_cache folded H_d into the model's weights (quant/fold.py).
-        self._values_rotated = not self.ctx.shared.get("values_folded", False)
+        self._values_rotated = not self.ctx.state.values_folded
         if self.config.rotation == "hadamard":
             self._rot = hadamard(self.ctx.head_dim, device=self.device)
 
@@ -126,20 +146,31 @@ class OScaRLayer(QuantLayer):
         full = (self.k_res.shape[-2] // c.residual_length) * c.residual_length
         if full:
             start = 0 if self.k_q is None else self.k_q.num_tokens
-            starts = aligned_starts(self.ctx.shared.get("modalities"), start, full, c.group_size) if c.align_modality_groups else None
+            starts = aligned_starts(self.ctx.state.modalities, start, full, c.group_size) if c.align_modality_groups else None
+            backend = self._backend()
             k_q, v_q, norms = pack_block(self.k_res[..., :full, :], self.v_res[..., :full, :], c, self._rot, starts,
-                                         self._values_rotated)
+                                         self._values_rotated, backend)
+            if backend == "triton" and self.ctx.state.fast_decode and full % TL_BLOCK == 0:
+                # the order Triton's decode reads, converted once per flushed block rather than at every step
+                k_q, v_q = k_q.to_order("tl"), v_q.to_order("tl")
             self.k_q, self.v_q = cat_optional(self.k_q, k_q), cat_optional(self.v_q, v_q)
             if norms is not None:
                 self.norms = norms if self.norms is None else torch.cat([self.norms, norms], -1)
             self.k_res, self.v_res = self.k_res[..., full:, :], self.v_res[..., full:, :]
+
+    def _backend(self) -> str | None:
+        """The run's kernel backend on this layer's device (None before the first tokens arrive: pack_block's default)."""
+        kernels = self.ctx.state.kernels
+        if kernels is None or not self.is_initialized:
+            return None
+        return kernels.backend_for(self.device)
 
     def update(self, key_states, value_states, *args, **kwargs):
         """Decode steps on the fast path hand the attention function the packed state itself
         (quant.kernels.hf_decode.packed_attention); everything else goes through the dense reference.
         Only single sequences take it: the kernels ignore the attention mask, so a left-padded batch
         would attend to its padding."""
-        fast = self.ctx.shared.get("fast_decode") and key_states.shape[0] == 1
+        fast = self.ctx.state.fast_decode and key_states.shape[0] == 1
         if key_states.shape[-2] == 1 and fast and self.is_initialized:
             return self._fast_step(key_states, value_states), None
         self._win = None  # the dense path re-forms k_res; a later fast step copies it into new buffers
@@ -170,7 +201,9 @@ class OScaRLayer(QuantLayer):
             self._win_len.add_(1)
             self.advance_host()
         kv = PackedKV(self.k_q, self.v_q, self.norms, self._win[0], self._win[1], self._rot, self._values_rotated)
-        return PackedStep(kv, None, self._win_len)
+        kernels = self.ctx.state.kernels
+        return PackedStep(kv, None, self._win_len, kernels.backend if kernels else None,
+                          kernels.wide_decode if kernels else True)
 
     def _open_window(self):
         b, h, n, d = self.k_res.shape
@@ -178,8 +211,34 @@ class OScaRLayer(QuantLayer):
                           for x in (self.k_res, self.v_res))
         self._win[0][..., :n, :] = self.k_res
         self._win[1][..., :n, :] = self.v_res
-        self._win_len = torch.full((b,), n, dtype=torch.int32, device=self.k_res.device)
+        self._win_len = self.ctx.state.window_length(self.ctx.layer_idx, self.ctx.num_layers, b, self.k_res.device)
+        self._win_len.fill_(n)
         self.k_res, self.v_res = self._win[0][..., :n, :], self._win[1][..., :n, :]
+
+    # -- filled directly (benchmarks: speed does not depend on the values) --------------------------
+    def fill_random(self, batch: int, length: int, device, dtype=torch.bfloat16, seed: int = 0, chunk: int = 16384):
+        """Store `length` random N(0, 1) tokens as a prompt would be stored: floor(length / R) * R packed (in chunks,
+        through the run's pack), the rest in the window."""
+        g = torch.Generator(device=device).manual_seed(seed)
+        shape = (batch, self.ctx.num_kv_heads, 0, self.ctx.head_dim)
+        self.lazy_initialization(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
+        r = self.config.residual_length
+        chunk = max(r, chunk // r * r)
+        for t0 in range(0, length, chunk):
+            n = min(chunk, length - t0)
+            k, v = (torch.randn(batch, shape[1], n, shape[3], device=device, generator=g).to(dtype) for _ in range(2))
+            self._append(k, v)
+            self.seen += n
+
+    def copy_from(self, other: "OScaRLayer") -> None:
+        """Take a copy of another layer's stored state (benchmarks fill one layer and copy it to the others)."""
+        self.dtype, self.device, self.batch = other.dtype, other.device, other.batch
+        self.is_initialized, self.seen, self._rot = True, other.seen, other._rot
+        self._values_rotated = other._values_rotated
+        for name in other._state_names():
+            value = getattr(other, name)
+            setattr(self, name, value.map(torch.clone) if isinstance(value, QTensor) else value.clone())
+        self._win = None
 
     def graph_ready(self) -> bool:
         """Whether the next decode step is the same device work as the last one: the window is open and the

@@ -114,20 +114,33 @@ def test_kv_summary_means_and_max():
     assert s == {"total": 200, "quantized": 140, "full_precision": 60, "max_total": 300, "per_modality": {"image": 80}}
 
 
-def test_environment_records_the_kernel_switches(monkeypatch):
+def test_environment_records_the_kernel_options():
     from harness.results import environment
+    from harness.run import kernel_options
 
-    monkeypatch.setenv("OSCAR_FUSED_LINEAR", "0")
-    monkeypatch.delenv("OSCAR_FUSED_NORM", raising=False)
-    monkeypatch.setenv("OSCAR_FUSED_ROPE", "1")
-    monkeypatch.delenv("OSCAR_LAYER_KERNELS", raising=False)
-    monkeypatch.setenv("OSCAR_CUDA_GRAPHS", "0")
-    monkeypatch.delenv("OSCAR_WIDE_DECODE", raising=False)
-    assert environment()["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": False,
-                                        "cuda_graphs": False, "cuda_norm_rope": True, "wide_decode": True}
-    monkeypatch.setenv("OSCAR_LAYER_KERNELS", "triton")
-    monkeypatch.setenv("OSCAR_WIDE_DECODE", "0")
-    assert environment()["kernels"]["cuda_norm_rope"] is False and environment()["kernels"]["wide_decode"] is False
+    # the environment's overrides are read once, at the command line; --kernels and --backend apply over them
+    options = kernel_options("fused_rope=on,wide_decode=off", None,
+                             {"OSCAR_FUSED_LINEAR": "0", "OSCAR_FUSED_ROPE": "0", "OSCAR_CUDA_GRAPHS": "off"})
+    assert environment(options)["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": False,
+                                               "cuda_graphs": False, "cuda_norm_rope": True, "wide_decode": False}
+    assert environment()["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": True,
+                                        "cuda_graphs": True, "cuda_norm_rope": True, "wide_decode": True}
+    assert kernel_options(None, "triton", {"OSCAR_LAYER_KERNELS": "triton"}).backend == "triton"
+    assert environment(kernel_options(None, None, {"OSCAR_LAYER_KERNELS": "triton"}))["kernels"]["cuda_norm_rope"] is False
+
+
+def test_kernel_options_refuse_what_they_do_not_know():
+    import pytest
+
+    from quant.kernels import KernelOptions
+
+    with pytest.raises(ValueError, match="unknown kernel option 'graphs'.*cuda_graphs"):
+        KernelOptions.parse("graphs=off")
+    with pytest.raises(ValueError, match="backend='tensorrt'.*cuda, triton, torch"):
+        KernelOptions.parse("backend=tensorrt")
+    with pytest.raises(ValueError, match="wide_decode='maybe'.*on/off"):
+        KernelOptions.from_env({"OSCAR_WIDE_DECODE": "maybe"})
+    assert KernelOptions.parse("backend=auto,layer_kernels=triton") == KernelOptions(layer_kernels="triton")
 
 
 def test_system_figures_count_the_graph_decode_steps():

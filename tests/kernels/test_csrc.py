@@ -15,8 +15,6 @@ from quant.methods.oscar import OScaRConfig, pack_block
 from quant.primitives import hadamard
 
 NVCC = shutil.which("nvcc")
-GPU = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
-needs_gpu = pytest.mark.skipif(not (GPU and NVCC), reason="needs a CUDA GPU (sm_80+) and nvcc")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: install the CUDA toolkit to compile csrc/")
@@ -85,14 +83,12 @@ def test_wide_build_is_its_own_specialization():
 
 
 def test_wide_build_takes_the_batch_one_steps(monkeypatch):
-    # On by default; OSCAR_WIDE_DECODE=0 keeps every launch narrow. With 132 SMs: the thinker's 4 KV heads at batch 1
+    # On by default; wide=False (KernelOptions.wide_decode) keeps every launch narrow. With 132 SMs: the thinker's 4 KV heads at batch 1
     # (>= 32 SMs a row) at every length, and at batch 2 (16.5 SMs a row, 8 query rows a KV head) too; Qwen3's 8 (4
     # query rows) from 16K packed tokens (at 4K the narrow build measured faster, run 152); LLaVA's 32 and steps of
     # 16 or more rows stay narrow (runs 152, 155).
     spec = kcuda.specialization
-    monkeypatch.setenv("OSCAR_WIDE_DECODE", "0")
-    assert spec(130944, 4, 132, query_rows=8) == kcuda.NARROW
-    monkeypatch.delenv("OSCAR_WIDE_DECODE", raising=False)
+    assert spec(130944, 4, 132, query_rows=8, wide=False) == kcuda.NARROW
     assert spec(3968, 4, 132, query_rows=8) == kcuda.WIDE == (1, 8) and spec(130944, 4, 132) == kcuda.WIDE
     assert spec(3968, 8, 132, query_rows=4) == kcuda.NARROW == (3, 4) and spec(32640, 8, 132) == kcuda.WIDE
     assert spec(3968, 8, 132, query_rows=8) == kcuda.WIDE  # the thinker's 2 x 4K
@@ -118,7 +114,7 @@ def test_experiment_flags_get_their_own_build(monkeypatch):
     assert kcuda.specialization_name(128, "90a", 3) != base
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("window_cta", [False, True])  # window folded into the last split's CTA, or its own
 @pytest.mark.parametrize("group,d,rotate_values", [(1, 128, True), (4, 128, True), (8, 128, True), (4, 64, True),
                                                    (4, 128, False), (8, 64, False)])
@@ -135,7 +131,7 @@ def test_cuda_decode_matches_oracle(group, d, rotate_values, window_cta):
     assert err <= 2 * budget, f"kernel error {err:.2e} > 2 x bf16 error {budget:.2e}"
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("group,d,rotate_values,lq,dtype", [
     (4, 128, False, 1, torch.bfloat16), (8, 128, False, 1, torch.bfloat16), (1, 64, False, 1, torch.bfloat16),
     (8, 128, True, 1, torch.bfloat16), (8, 128, False, 2, torch.bfloat16), (4, 64, False, 3, torch.bfloat16),
@@ -166,7 +162,7 @@ def test_cuda_decode_one_cta_per_row(group, d, rotate_values, lq, dtype):
     assert (several.float() - outs[0].float()).abs().max() <= 2e-2 * outs[0].float().abs().max()
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("window_cta", [False, True])
 def test_cuda_decode_launch_orders_agree_bit_for_bit(window_cta):
     # The CTA order (DecodeParams::order) changes only which (split, row) a block index works on: every order covers
@@ -183,7 +179,7 @@ def test_cuda_decode_launch_orders_agree_bit_for_bit(window_cta):
         kcuda.decode_attention(q, kv, 0.088, order=3)
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("group,d,lq", [(1, 128, 1), (4, 128, 1), (8, 128, 1), (4, 64, 1), (8, 64, 1), (8, 128, 2)])
 def test_wide_decode_matches_oracle(group, d, lq):
     # The WIDE build (8-warp CTAs, one an SM): many splits with the window folded or in its own CTA, the planner's
@@ -201,11 +197,10 @@ def test_wide_decode_matches_oracle(group, d, lq):
     assert int(kcuda._counters(q.device, 64).count_nonzero()) == 0  # every merge left its counters at zero
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 def test_batch_one_decode_takes_the_wide_build(monkeypatch):
     # The thinker's shape at batch 1 (4 KV heads of 8 query rows): the default launch is the WIDE build's, and it
     # agrees with the narrow build's within the oracle's budget (both builds loaded in one process).
-    monkeypatch.delenv("OSCAR_WIDE_DECODE", raising=False)
     kv = random_packed_kv(1, 4, 4096, 64, 128, seed=5, device="cuda", rotate_values=False)
     q = torch.randn(1, 32, 1, 128, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).cuda()
     assert kcuda.launch_plan(q, kv)["warps"] == 8 and kcuda.launch_plan(q, kv, min_blocks=3)["warps"] == 4
@@ -215,7 +210,7 @@ def test_batch_one_decode_takes_the_wide_build(monkeypatch):
     assert relative_error(wide, ref) <= 2 * budget and relative_error(narrow, ref) <= 2 * budget
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 def test_binding_checks_raise_with_their_numbers():
     # Run 82: a failing check whose message streamed an integer segfaulted in these extensions on the device image;
     # numbers and shapes now enter messages through std::to_string (csrc/include/oscar_msg.h).
@@ -231,7 +226,7 @@ def test_binding_checks_raise_with_their_numbers():
         layers.gemv(x, [w], [torch.empty(0)], torch.empty(0), 1)
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 def test_several_wave_plan_with_window_ctas_last_matches_oracle():
     # 512 rows (64 x 8 KV heads) whose 90-token windows weigh more than a quarter of a split: the planner gives the
     # windows their own CTAs, started last (several waves on any GPU of <= 170 SMs); as exact as row order.
@@ -246,7 +241,7 @@ def test_several_wave_plan_with_window_ctas_last_matches_oracle():
     assert relative_error(out, ref) <= 2 * relative_error(attention_bf16(q.cpu(), kv, 0.125), ref)
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 def test_paired_split_plan_matches_oracle():
     # Rows between the SMs and twice as many, two splits each (16 x 8 KV heads on a GPU of 65-128 SMs): the first split
     # longer than the second and started first (cuda.paired_splits); as exact as equal splits in row order.
@@ -276,7 +271,7 @@ def test_cta_order_starts_window_ctas_last_over_several_waves():
     assert kcuda.cta_order(512, 3, False, 396) == kcuda.ORDER_ROWS  # window folded: row by row
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 def test_cuda_decode_speculative_and_fp16_residual():
     kv = random_packed_kv(1, 2, 256, 9, 128, seed=5, device="cuda", res_dtype=torch.float16)
     q = torch.randn(1, 8, 3, 128).to(torch.float16)
@@ -285,7 +280,7 @@ def test_cuda_decode_speculative_and_fp16_residual():
     assert relative_error(out, ref) <= 2 * relative_error(attention_bf16(q, kv, 0.088), ref)
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("d,group,lq", [(128, 4, 3), (64, 8, 2)])
 def test_cuda_decode_merges_many_splits_of_many_rows(d, group, lq):
     # 32 splits of 12 or 16 query rows (two head tiles), one 32-token group each, and a short second sequence:
@@ -299,7 +294,7 @@ def test_cuda_decode_merges_many_splits_of_many_rows(d, group, lq):
     assert err <= 2 * budget, f"kernel error {err:.2e} > 2 x bf16 error {budget:.2e}"
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("d,group,merge_group", [(128, 8, 8), (64, 4, 5), (128, 1, 3)])
 def test_cuda_decode_two_level_merge(d, group, merge_group):
     # 21 splits in groups of merge_group (the last group shorter): each group's last CTA merges the group into its first
@@ -330,7 +325,7 @@ def test_merge_plan_uses_two_levels_past_four_rounds():
     assert kcuda.merge_plan(40, 16, 64, True) == 8 and kcuda.merge_plan(16, 16, 64, True) == 0
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 def test_read_floor_reads_every_byte():
     # Both floor kernels (harness/bench/floor.py: loads into registers, cp.async) must stream the whole buffer: a magic
     # word anywhere, including the last word of a ragged CTA range, reaches the sink; an all-zero buffer and the
@@ -356,7 +351,7 @@ def test_read_floor_reads_every_byte():
         mod.read_floor(buf, sink, 8, 512, True)
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("rotate,token_norm,rotate_values", [(False, False, False), (False, True, False),
                                                              (True, True, True), (True, True, False)])
 def test_cuda_pack_matches_reference(rotate, token_norm, rotate_values):
@@ -383,7 +378,7 @@ def test_cuda_pack_matches_reference(rotate, token_norm, rotate_values):
         torch.testing.assert_close(got[2], ref[2], rtol=1e-5, atol=0)
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("d,heads,dtype", [(128, 8, torch.bfloat16), (128, 8, torch.float16), (128, 8, torch.float32),
                                            (64, 16, torch.bfloat16)])
 def test_cuda_pack_resident_schedule_gives_the_streamed_bits(d, heads, dtype):
@@ -409,7 +404,7 @@ def test_cuda_pack_resident_schedule_gives_the_streamed_bits(d, heads, dtype):
     assert (ref[0].unpacked() != resident[0].unpacked()).float().mean().item() <= 1e-4
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("d,heads,group,rv", [(128, 8, 4, False), (128, 4, 8, True), (64, 3, 1, True)])
 def test_cuda_pack_then_decode_long_and_repeated(d, heads, group, rv):
     # The cache path: the CUDA pack (frag order) feeds the decode with the default split plan (many splits,

@@ -13,10 +13,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from quant.kernels.reference import attention_f32, attention_f64, random_packed_kv, relative_error  # noqa: E402
-from quant.packed import PackedKV  # noqa: E402
-from quant.primitives import hadamard  # noqa: E402
-from tests.kernels.test_csrc import needs_gpu  # noqa: E402
+from quant.kernels.reference import (
+    attention_f32,
+    attention_f64,
+    random_packed_kv,
+    relative_error,
+)
+from quant.packed import PackedKV
+from quant.primitives import hadamard
 
 WINDOW = 64  # full-precision window tokens, as the bench's points keep
 
@@ -44,7 +48,7 @@ def check_rule(out: torch.Tensor, q: torch.Tensor, kv: PackedKV, scaling: float,
     return err / budget
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("tokens,group,lq,d", [
     (32768, 4, 1, 128),  # one CTA a row through decode_split_kernel (past the row kernel's 24576 tokens)
     (24576, 4, 1, 128),  # decode_row_kernel: the window in the same state after the groups
@@ -60,12 +64,12 @@ def test_cuda_decode_one_long_split_per_row(tokens, group, lq, d, build):
 
     kv, g = issue_cache(2, 2, tokens, d, seed=tokens + group + d)
     q = torch.randn(2, 2 * group, lq, d, device="cuda", generator=g).to(torch.bfloat16)
-    opts = dict(min_blocks=1, warps=8) if build == "wide" else dict(min_blocks=3, warps=4)
+    opts = {"min_blocks": 1, "warps": 8} if build == "wide" else {"min_blocks": 3, "warps": 4}
     out = kcuda.decode_attention(q, kv, d**-0.5, split_tokens=tokens, window_cta=False, **opts)
     check_rule(out, q, kv, d**-0.5, f"{build} {tokens} tokens in one split, {group * lq} query rows, d {d}")
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 def test_cuda_decode_planned_splits_long_rows():
     # The planner's own split at a bench-like point (4 x 32K of Qwen3-8B's 8 KV heads: one or two long splits a row)
     # and at a batch-1 row of many splits, both within the rule.

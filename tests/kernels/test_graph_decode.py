@@ -15,13 +15,11 @@ import pytest
 import torch
 
 from quant.cache import make_cache
-from quant.kernels import decode_attention, valid_part
+from quant.kernels import KernelOptions, decode_attention, valid_part
 from quant.kernels.graph_decode import GraphDecoder, decode_graphs, graphs_enabled, signature
 from quant.kernels.reference import random_packed_kv
 
 transformers = pytest.importorskip("transformers")
-GPU = torch.cuda.is_available()
-needs_gpu = pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
 
 
 def qwen3_config(layers=2):
@@ -34,7 +32,7 @@ def test_fixed_window_stores_what_the_reference_stores_and_says_when_to_replay()
     cfg = qwen3_config()
     g = torch.Generator().manual_seed(0)
     fast, ref = make_cache("oscar", config=cfg), make_cache("oscar", config=cfg)
-    fast.shared["fast_decode"] = True  # the kernel path's cache update, driven by hand on the CPU
+    fast.state.fast_decode = True  # the kernel path's cache update, driven by hand on the CPU
     prompt = torch.randn(1, 2, 200, 64, generator=g), torch.randn(1, 2, 200, 64, generator=g)
     for cache in (fast, ref):
         cache.layers[0].update(*prompt)
@@ -63,7 +61,7 @@ def test_fixed_window_stores_what_the_reference_stores_and_says_when_to_replay()
 def test_host_state_restores_after_a_failed_capture():
     cfg = qwen3_config()
     cache = make_cache("oscar", config=cfg)
-    cache.shared["fast_decode"] = True
+    cache.state.fast_decode = True
     layer = cache.layers[0]
     x = torch.randn(1, 2, 130, 64)
     layer.update(x, x)
@@ -91,7 +89,7 @@ def test_graphs_only_on_the_kernel_path_on_a_gpu(monkeypatch):
     model = transformers.Qwen3ForCausalLM(qwen3_config())
     assert not graphs_enabled(model, None)
     cache = make_cache("oscar", config=model.config)
-    cache.shared["fast_decode"] = True
+    cache.state.fast_decode = True
     assert not graphs_enabled(model, cache)  # the model is on the CPU
     with decode_graphs(model, cache) as g:
         assert g is None
@@ -129,7 +127,7 @@ def tiny_qwen3():
 def generate(model, prompt, new, graphs: bool):
     """(sequences, stacked logits, the decoder's counts or None, the cache) of a greedy `new`-token generation."""
     cache = make_cache("oscar", model)
-    assert cache.shared.get("fast_decode")
+    assert cache.state.fast_decode
     dec = GraphDecoder(model, cache) if graphs else contextlib.nullcontext()
     with torch.inference_mode(), dec:
         out = model.generate(prompt, past_key_values=cache, max_new_tokens=new, min_new_tokens=new, do_sample=False,
@@ -137,7 +135,7 @@ def generate(model, prompt, new, graphs: bool):
     return out.sequences, torch.stack(out.logits, 1), dec.counts if graphs else None, cache
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_graph_steps_give_the_eager_tokens_and_logits_bit_for_bit():
     model = tiny_qwen3()
     prompt = torch.randint(0, 128, (1, 200), generator=torch.Generator().manual_seed(1)).to("cuda")
@@ -153,7 +151,7 @@ def test_graph_steps_give_the_eager_tokens_and_logits_bit_for_bit():
     assert "forward" not in model.__dict__  # unwrapped after the call
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_a_capture_that_fails_falls_back_to_eager_steps_without_losing_tokens():
     model = tiny_qwen3()
     prompt = torch.randint(0, 128, (1, 140), generator=torch.Generator().manual_seed(2)).to("cuda")
@@ -178,7 +176,7 @@ def test_a_capture_that_fails_falls_back_to_eager_steps_without_losing_tokens():
     assert torch.equal(ids, eager_ids) and torch.equal(logits, eager_logits)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("family", ["llava", "qwen3_vl", "qwen3_omni"])
 def test_multimodal_adapters_decode_the_same_with_graphs(family, monkeypatch):
     from harness.models import tiny
@@ -196,9 +194,9 @@ def test_multimodal_adapters_decode_the_same_with_graphs(family, monkeypatch):
     monkeypatch.setattr(GraphDecoder, "__exit__", record)
     outs = {}
     for graphs in ("0", "1"):
-        monkeypatch.setenv("OSCAR_CUDA_GRAPHS", graphs)
+        adapter.kernels = KernelOptions(cuda_graphs=graphs == "1")
         cache = adapter.make_cache("oscar", inputs)
         outs[graphs] = adapter.generate_ids(inputs, cache, 150, min_new_tokens=150)
     assert torch.equal(outs["0"], outs["1"])
     assert len(seen) == 1 and seen[0]["replayed"] > 100, seen
-    assert cache.shared["graph_steps"] == seen[0]["captured"] + seen[0]["replayed"]  # what the results record
+    assert cache.state.graph_steps == seen[0]["captured"] + seen[0]["replayed"]  # what the results record

@@ -1,5 +1,5 @@
-"""The fast path through transformers: a tiny random Qwen3 decoding over quant.kernels.hf_decode's packed
-cache (Triton kernels; interpreter on the CPU) gives the logits of the reference OScaR cache."""
+"""The fast path through transformers: a tiny random Qwen3 decoding over an OScaR cache on the kernel path (Triton
+kernels; interpreter on the CPU) gives the logits of the same cache on the torch reference path."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 transformers = pytest.importorskip("transformers")
 
 from quant.cache import make_cache  # noqa: E402
-from quant.kernels import hf_decode  # noqa: E402
+from quant.kernels import KernelOptions, hf_decode  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -37,38 +37,58 @@ def decode_logits(model, cache, prompt, steps):
     return torch.stack(logits, 1)
 
 
-def test_packed_decode_matches_reference_cache():
+def filled_cache(model, backend: str, length: int):
+    """An OScaR cache filled directly (OScaRLayer.fill_random in layer 0, copy_from into the others), as the e2e
+    benchmark fills it, on `backend`'s path."""
+    cache = make_cache("oscar", config=model.config, kernels=KernelOptions(backend=backend))
+    cache.state.values_folded = True  # random weights: V counts as rotated (the benchmark's setting)
+    cache.state.fast_decode = backend != "torch"
+    cache.layers[0].fill_random(1, length, DEV, dtype=torch.float32, seed=3)
+    for layer in cache.layers[1:]:
+        layer.copy_from(cache.layers[0])
+    return cache
+
+
+def test_filled_cache_decodes_as_the_reference_and_replays_a_step():
+    """A directly filled cache on the kernel path (Triton) gives the torch reference path's logits across a flush,
+    and `repeat_step` makes a repeated step write the same window slot (what a replayed CUDA graph relies on)."""
+    from harness.bench.caches import repeat_step
+
     model = tiny_qwen3()
-    prompt = torch.randint(0, 128, (1, 127), generator=torch.Generator().manual_seed(1)).to(DEV)
     hf_decode.register()
-    ref = decode_logits(model, make_cache("oscar", model), prompt, 3)  # folds V's rotation into the weights
     model.config._attn_implementation = "oscar_packed"
-    fast = decode_logits(model, hf_decode.make_packed_cache(2, 256, backend="triton"), prompt, 3)  # takes V rotated
-    model.config._attn_implementation = "sdpa"
-    # Steps 1-3 cross the 128-token flush: the window packs and the packed part is read by the kernel.
-    # Measured: |fast - ref| ~1e-4 of max|logit|, while an unquantized cache differs from ref by ~0.2.
+    tok = torch.tensor([[5]], device=DEV)
+    ref_cache, fast_cache = filled_cache(model, "torch", 250), filled_cache(model, "triton", 250)
+    assert fast_cache.get_seq_length() == 250 and fast_cache.layers[1].k_q.num_tokens == 128
+    ref, fast = decode_logits(model, ref_cache, tok, 8), decode_logits(model, fast_cache, tok, 8)
+    assert fast_cache.layers[0].k_q.num_tokens == 256  # the window filled and flushed mid-decode
     torch.testing.assert_close(fast.float(), ref.float(), rtol=0, atol=2e-3 * ref.abs().max().item())
+    reset = repeat_step(fast_cache)
+    lengths = fast_cache.state.window_lengths.clone()
+    for _ in range(3):
+        reset()
+        model(tok, past_key_values=fast_cache, use_cache=True)
+        assert torch.equal(fast_cache.state.window_lengths, lengths + 1)
+    model.config._attn_implementation = "sdpa"
 
 
-def test_quantized_cache_switches_to_the_kernels_and_matches_the_reference(monkeypatch):
+def test_quantized_cache_switches_to_the_kernels_and_matches_the_reference():
     """make_cache('oscar', model) on a kernel backend: decode steps hand PackedKV to the kernels (Triton
     here), and the logits follow the torch reference path of the same cache across a 128-token flush."""
     model = tiny_qwen3()
     prompt = torch.randint(0, 128, (1, 250), generator=torch.Generator().manual_seed(1)).to(DEV)
-    monkeypatch.setenv("OSCAR_KERNEL_BACKEND", "torch")
-    ref_cache = make_cache("oscar", model)
-    assert "fast_decode" not in ref_cache.shared
+    ref_cache = make_cache("oscar", model, kernels=KernelOptions(backend="torch"))
+    assert not ref_cache.state.fast_decode
     ref = decode_logits(model, ref_cache, prompt, 8)
-    monkeypatch.setenv("OSCAR_KERNEL_BACKEND", "triton")
-    fast_cache = make_cache("oscar", model)
-    assert fast_cache.shared.get("fast_decode") is True
+    fast_cache = make_cache("oscar", model, kernels=KernelOptions(backend="triton"))
+    assert fast_cache.state.fast_decode
     fast = decode_logits(model, fast_cache, prompt, 8)
     assert fast_cache.layers[0].k_q.num_tokens == 256  # 250 + 8 tokens: the second block flushed mid-decode
     assert torch.allclose(fast.float(), ref.float(), atol=2e-3, rtol=2e-3)
     model.set_attn_implementation("sdpa")
 
 
-def test_left_padded_batches_stay_on_the_masked_reference_path(monkeypatch):
+def test_left_padded_batches_stay_on_the_masked_reference_path():
     """The kernels take no attention mask: a batch of several sequences keeps the dense path (with the
     registered mask), so left padding gives the same tokens as the torch backend."""
     model = tiny_qwen3()
@@ -78,8 +98,7 @@ def test_left_padded_batches_stay_on_the_masked_reference_path(monkeypatch):
     mask[1, :12] = 0  # row 1 is left-padded
     outs = {}
     for backend in ("torch", "triton"):
-        monkeypatch.setenv("OSCAR_KERNEL_BACKEND", backend)
-        cache = make_cache("oscar", model)
+        cache = make_cache("oscar", model, kernels=KernelOptions(backend=backend))
         outs[backend] = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=4,
                                        do_sample=False, pad_token_id=0)
     assert torch.equal(outs["torch"], outs["triton"])

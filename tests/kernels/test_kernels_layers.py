@@ -7,15 +7,12 @@ CUDA and Triton kernels run on the CPU too.
 """
 from __future__ import annotations
 
-import shutil
 
 import pytest
 import torch
 
 from quant.kernels import cuda as kcuda
 
-needs_gpu = pytest.mark.skipif(not (torch.cuda.is_available() and shutil.which("nvcc")),
-                               reason="the CUDA kernels run on a GPU (and build with nvcc)")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-6
 
@@ -72,7 +69,7 @@ def test_rope_layout_check():
     assert not kcuda.rope_takes(odd, odd, cos, cos)
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows,n", [(1, 8), (3, 64), (17, 128), (5, 136), (2, 1000), (1, 4096), (33, 4096),
                                     (3, 5120), (2, 16384), (300, 128)])
@@ -81,7 +78,7 @@ def test_cuda_rms_norm_matches_transformers(rows, n, dtype):
     check_norm(x, w)
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 def test_cuda_rms_norm_views_and_edge_rows():
     x, w = inputs((2, 3, 8, 128), torch.bfloat16, seed=3)
     check_norm(x, w)  # q_norm's [B, L, H, D]
@@ -95,7 +92,7 @@ def test_cuda_rms_norm_views_and_edge_rows():
         kcuda.rms_norm(x[..., :100], w[:100], EPS)
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("b,hq,hk,length,d,layout,cos_batch", [
     (3, 8, 2, 1, 128, "blhd", None),  # a decode step, GQA 4, transposed views
@@ -118,10 +115,10 @@ def test_cuda_rope_gives_transformers_bits(dtype, b, hq, hk, length, d, layout, 
     assert not torch.equal(oq, q)
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 def test_patched_models_take_the_chosen_kernels(monkeypatch, backend):
-    """OSCAR_LAYER_KERNELS picks the kernels under patched norms and RoPE; logits stay within bf16 noise of
+    """KernelOptions.layer_kernels picks the kernels under patched norms and RoPE; logits stay within bf16 noise of
     transformers' and the greedy tokens of a short decode are the same."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from transformers.models.qwen3 import modeling_qwen3
@@ -129,7 +126,6 @@ def test_patched_models_take_the_chosen_kernels(monkeypatch, backend):
     from quant.kernels import triton_norm, triton_rope
 
     monkeypatch.setattr(modeling_qwen3, "apply_rotary_pos_emb", modeling_qwen3.apply_rotary_pos_emb)  # restored after
-    monkeypatch.setenv("OSCAR_LAYER_KERNELS", backend)
     calls = {"cuda": 0, "triton": 0}
     for mod, name, kind in ((kcuda, "rope", "cuda"), (triton_rope, "rope", "triton"), (triton_norm, "rms_norm", "triton")):
         real = getattr(mod, name)
@@ -155,8 +151,8 @@ def test_patched_models_take_the_chosen_kernels(monkeypatch, backend):
     with torch.no_grad():
         before = model(ids).logits
         ref = model.generate(ids, max_new_tokens=6, do_sample=False)
-        triton_norm.fuse_rms_norms(model)
-        triton_rope.fuse_rotary(model)
+        triton_norm.fuse_rms_norms(model, cuda_launch=backend == "cuda")
+        triton_rope.fuse_rotary(model, cuda_launch=backend == "cuda")
         after = model(ids).logits
         out = model.generate(ids, max_new_tokens=6, do_sample=False)
     assert ((after.float() - before.float()).norm() / before.float().norm()).item() < 1e-2

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
-import shutil
 
 import pytest
 import torch
@@ -18,8 +17,6 @@ import torch.nn.functional as F
 
 from quant.kernels import fused_linear
 
-needs_gpu = pytest.mark.skipif(not (torch.cuda.is_available() and shutil.which("nvcc")),
-                               reason="the GEMV kernel runs on CUDA (and builds with nvcc)")
 
 
 def tiny_qwen3(layers: int = 2):
@@ -79,7 +76,7 @@ def test_rows_per_cta(monkeypatch):
     assert fused_linear.rows_per_cta(4096, dev) == 4  # 1024 CTAs
     assert fused_linear.rows_per_cta(1024, dev) == 1  # k/v of Qwen3-8B: spread over every SM
     assert fused_linear.rows_per_cta(2048, dev) == 2
-    monkeypatch.setenv("OSCAR_GEMV_ROWS", "2")
+    monkeypatch.setattr(fused_linear, "FORCED_ROWS", 2)
     assert fused_linear.rows_per_cta(4096, dev) == 2
     fused_linear._default_rows.cache_clear()  # leave no entry computed with the fake SM count
 
@@ -124,12 +121,12 @@ def test_a_failed_build_falls_back_with_one_warning(monkeypatch):
 
     monkeypatch.setattr(kcuda, "load_layers", broken)
     monkeypatch.setattr(kcuda, "_LAYERS_FAILED", [])
-    with pytest.warns(UserWarning, match="did not build.*OSCAR_FUSED_LINEAR=0"):
+    with pytest.warns(UserWarning, match="did not build.*fused_linear=off"):
         assert fused_linear._kernel_ready() is False
     assert fused_linear._kernel_ready() is False  # remembered, no second warning or build
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m,n,k", [(1, 1, 8), (3, 1000, 136), (8, 4099, 4096), (5, 257, 12296), (2, 1024, 4096)])
 @pytest.mark.parametrize("rows", [1, 2, 4])
@@ -146,7 +143,7 @@ def test_gemv_matches_float64(dtype, m, n, k, rows):
     assert err <= 2 * budget + 1e-7, f"kernel error {err:.2e} > 2 x cuBLAS error {budget:.2e}"
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m,n,k,rows", [(1, 12288, 4096, 4), (4, 300, 520, 1), (7, 999, 1024, 2)])
 def test_silu_mul_matches_float64(dtype, m, n, k, rows):
@@ -161,7 +158,7 @@ def test_silu_mul_matches_float64(dtype, m, n, k, rows):
     assert err <= 2 * budget + 1e-7, f"kernel error {err:.2e} > 2 x torch error {budget:.2e}"
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 @pytest.mark.parametrize("m", [1, 2, 5])
 def test_one_launch_of_three_weights_equals_three_launches(m):
     # each output's sum is the same threads' partial sums reduced in the same order, whatever the CTA's rows or
@@ -176,7 +173,7 @@ def test_one_launch_of_three_weights_equals_three_launches(m):
         assert rel(out, x.double() @ w.double().t() + (0 if b is None else b.double())) < 1e-2
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 def test_gemv_replays_in_a_cuda_graph():
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16) / 64
@@ -190,7 +187,7 @@ def test_gemv_replays_in_a_cuda_graph():
     assert torch.equal(out, fused_linear.linear(x, w))
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 def test_fused_model_decode_matches_on_cuda():
     model = tiny_qwen3(3).to("cuda", torch.bfloat16)
     ids = torch.randint(0, 128, (2, 17), device="cuda")
@@ -205,7 +202,7 @@ def test_fused_model_decode_matches_on_cuda():
         assert rel(b.float(), a.double()) < 2e-2
 
 
-@needs_gpu
+@pytest.mark.cuda_kernels
 def test_fused_qwen2_with_qkv_bias_matches_on_cuda():
     # Qwen2's q/k/v carry biases: the three-segment launch adds each its own
     from transformers import Qwen2Config, Qwen2ForCausalLM

@@ -99,7 +99,7 @@ def test_fuse_rotary_patches_the_family_once_and_keeps_cpu_on_transformers(monke
     assert torch.equal(before, after)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the patched path runs the kernel on CUDA tensors only")
+@pytest.mark.gpu
 def test_fused_rotary_model_logits_are_unchanged_on_gpu(monkeypatch):
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from transformers.models.qwen3 import modeling_qwen3

@@ -213,24 +213,23 @@ def test_default_lengths_are_made_once_and_full():
 
 def test_default_backend_per_device_and_the_triton_fallback_warning(monkeypatch):
     # CPU tensors: the torch reference. A CUDA device takes the CUDA kernels where nvcc can build them, else Triton,
-    # with a warning (once a process) that says how to get the faster path or choose Triton quietly.
+    # with a warning (once a process) that says how to get the faster path or choose Triton quietly. The
+    # environment is not read here: a run's choice is its KernelOptions.
     import warnings
 
-    import quant.kernels as K
+    import quant.kernels.options as K
 
-    monkeypatch.delenv("OSCAR_KERNEL_BACKEND", raising=False)
+    monkeypatch.setenv("OSCAR_KERNEL_BACKEND", "torch")  # ignored by the library
     assert K.default_backend("cpu") == "torch"
     monkeypatch.setattr(K, "_has_nvcc", lambda: True)
     assert K.default_backend("cuda") == "cuda"
+    assert K.KernelOptions(backend="triton").backend_for("cuda") == "triton"
     monkeypatch.setattr(K, "_has_nvcc", lambda: False)
     K._warn_triton_fallback.cache_clear()
-    with pytest.warns(UserWarning, match="without nvcc.*CUDA_HOME.*OSCAR_KERNEL_BACKEND=triton"):
+    with pytest.warns(UserWarning, match="without nvcc.*CUDA_HOME.*backend=triton"):
         assert K.default_backend("cuda") == "triton"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
         assert K.default_backend(torch.device("cuda", 0)) == "triton"
-        monkeypatch.setenv("OSCAR_KERNEL_BACKEND", "triton")
-        assert K.default_backend("cuda") == "triton"
-    monkeypatch.setenv("OSCAR_KERNEL_BACKEND", "tensorrt")
     with pytest.raises(ValueError, match="choose one of"):
-        K.default_backend("cuda")
+        K.KernelOptions(backend="tensorrt")

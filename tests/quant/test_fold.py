@@ -69,12 +69,12 @@ def test_caches_put_the_shared_model_in_their_methods_state():
     model = tiny()
     before = state(model)
     oscar = quant.make_cache("oscar", model)
-    assert oscar.shared["values_folded"] and fold.is_folded(model)
+    assert oscar.state.values_folded and fold.is_folded(model)
     kivi = quant.make_cache("kivi", model)
-    assert not kivi.shared["values_folded"] and not fold.is_folded(model)
+    assert not kivi.state.values_folded and not fold.is_folded(model)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
     online = quant.make_cache(quant.get_method("oscar", value_rotation="online"), model)
-    assert not online.shared["values_folded"] and not fold.is_folded(model)
+    assert not online.state.values_folded and not fold.is_folded(model)
     quant.make_cache("oscar", model)
     from harness.results import weight_hash  # hashes the model's own weights, whatever cache was made last
 
@@ -105,7 +105,7 @@ def test_offline_and_online_oscar_attend_alike():
     torch.testing.assert_close(layer_off.dequantized()[1], layer_on.dequantized()[1] @ hadamard(64), rtol=0, atol=1e-4)
     torch.testing.assert_close(off, on, rtol=0, atol=1e-3 * on.abs().max().item())
     unrotated = quant.make_cache(quant.get_method("oscar", rotation="none"), model)
-    assert not unrotated.shared["values_folded"]
+    assert not unrotated.state.values_folded
 
 
 def test_unfoldable_models_and_bad_settings_say_what_to_do():

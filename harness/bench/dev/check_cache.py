@@ -1,5 +1,5 @@
 """The project's own OScaR cache on a GPU: fast path (CUDA kernels through quant.cache.make_cache) vs
-the torch reference (OSCAR_KERNEL_BACKEND=torch), greedy generation on a random Qwen3-8B-attention-shaped
+the torch reference (KernelOptions(backend="torch")), greedy generation on a random Qwen3-8B-attention-shaped
 model (32 q / 8 kv heads, head_dim 128, few layers). Prints one JSON line:
 
     python3 -m harness.bench.dev.check_cache --layers 2 --prompt 300 --new 100 [--out FILE]
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 
@@ -29,12 +28,8 @@ def tiny_qwen3(layers: int, device: str):
 def generate(layers: int, prompt_len: int, new: int, backend: str | None) -> dict:
     """Greedy tokens and per-step logits with the project's cache; backend None = the default (fast)."""
     import quant
-    from quant.kernels import hf_decode
+    from quant.kernels import KernelOptions, hf_decode
 
-    if backend:
-        os.environ["OSCAR_KERNEL_BACKEND"] = backend
-    else:
-        os.environ.pop("OSCAR_KERNEL_BACKEND", None)
     model = tiny_qwen3(layers, "cuda")
     calls = {"n": 0}
     inner = hf_decode.decode_attention
@@ -45,14 +40,14 @@ def generate(layers: int, prompt_len: int, new: int, backend: str | None) -> dic
 
     hf_decode.decode_attention = counted
     try:
-        cache = quant.make_cache(quant.get_method("oscar"), model)
+        cache = quant.make_cache(quant.get_method("oscar"), model, kernels=KernelOptions(backend=backend))
         ids = torch.randint(0, 1024, (1, prompt_len), generator=torch.Generator().manual_seed(1)).cuda()
         out = model.generate(ids, past_key_values=cache, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                              return_dict_in_generate=True, output_logits=True)
     finally:
         hf_decode.decode_attention = inner
     return {"tokens": out.sequences[0, prompt_len:].tolist(), "logits": torch.stack(out.logits, 1)[0].float().cpu(),
-            "fast": bool(cache.shared.get("fast_decode")), "kernel_calls": calls["n"]}
+            "fast": cache.state.fast_decode, "kernel_calls": calls["n"]}
 
 
 def main(argv=None) -> dict:

@@ -14,7 +14,7 @@ from harness.bench.floor import floor_point, planned_launch
 
 def main() -> None:
     from harness.bench.dev.sweep_splits import SHAPES, inputs, time_plan
-    from harness.bench import copy_bandwidth
+    from harness.bench.timing import copy_bandwidth
     from quant.kernels.common import bytes_read
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -52,9 +52,10 @@ def profile_kind(model, cfg, kind: str, batch: int, ctx: int, steps: int, backen
     from torch.nn.attention import sdpa_kernel
     from torch.profiler import ProfilerActivity, profile
 
-    from harness.bench import _graph_us, _sdpa_order, make_cache
+    from harness.bench import _graph_us, _sdpa_order, make_cache, repeat_step
+    from quant.kernels import KernelOptions
 
-    cache = make_cache(kind, cfg, batch, ctx, steps + 8, backend)
+    cache = make_cache(kind, cfg, batch, ctx, steps + 8, KernelOptions(backend=backend))
     tok = torch.randint(0, cfg.vocab_size, (batch, 1), device="cuda")
     step = lambda: model(tok, past_key_values=cache, use_cache=True, logits_to_keep=1)  # noqa: E731
     with torch.inference_mode(), sdpa_kernel(_sdpa_order(), set_priority=True):
@@ -65,10 +66,11 @@ def profile_kind(model, cfg, kind: str, batch: int, ctx: int, steps: int, backen
             for _ in range(steps):
                 step()
             torch.cuda.synchronize()
-        graph = _graph_us(step)
+        reset = repeat_step(cache)
+        graph = _graph_us(lambda: (reset(), step()))
     events = [(e.name, e.device_time) for e in prof.events() if e.device_type.name == "CUDA" and e.device_time > 0]
     row = {"kind": kind, "batch": batch, "context": ctx, "graph_step_us": graph, **summarize_kernels(events, steps)}
-    del cache
+    cache = None  # frees the cache before the next kind
     torch.cuda.empty_cache()
     return row
 

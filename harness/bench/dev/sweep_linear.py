@@ -16,7 +16,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from harness.bench import _graph_us
+from harness.bench.timing import _graph_us
 from quant.kernels import fused_linear
 
 # name: (N, K) of nn.Linear weights [N, K]; Qwen3-8B (hidden 4096, 32 q / 8 kv heads of 128, MLP 12288).

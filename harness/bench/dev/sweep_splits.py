@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from harness.bench import capture_graph, clean_l2_us
+from harness.bench.timing import capture_graph, clean_l2_us
 from quant.kernels import cuda, pack_kv
 from quant.kernels.common import num_sms, prepare_decode
 from quant.packed import PackedKV

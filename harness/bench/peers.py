@@ -1,0 +1,457 @@
+"""`oscar-eval bench --what peers --peer NAME=PATH ...`: this project's decode against its peers', in one process.
+
+Nothing of a peer lives in this repository: the user points at a checkout (or an install) of each, and the bench
+builds what needs building (into the kernel cache, `quant.kernels.cuda.cache_dir()/peers`), fills each peer's cache
+with the peer's own pack function and times one decode step of each as its own code runs it, beside BF16 (SDPA
+cuDNN and flash) and this project's CUDA decode, with `make bench`'s method: one step captured in a CUDA graph and
+replayed, the median after do_bench's dirty L2 flush and after a read-only flush. Random bf16 q/K/V drawn as
+`make bench` draws them (Qwen3-8B's 32 query / 8 KV heads of 128 by default), converted to a peer's dtype where it
+takes another.
+
+Peers (NAME of --peer):
+- oscar: the official OScaR (ZunhaiSu/OScaR-KV-Quant). Its extension `oscar_cuda` is built from the checkout
+  (csrc/oscar; CUTLASS in libs/cutlass: `git submodule update --init`), the cache is packed by its
+  `kvcache_pack_int` (2 bits, k-channel groups of 32, the keys' Hadamard and token norms) and a step is what its
+  Qwen3 decode runs: the query's Hadamard (`preprocess_k_cache`) and `fwd_kvcache_int` with its 256-token residual
+  buffer, fp16 (its kernels' dtype).
+- kivi: KIVI (jy-yuan/KIVI). Its `kivi_gemv` extension is built from quant/csrc, the cache packed by
+  `triton_quantize_and_pack_along_last_dim` (2 bits, groups of 32, a 128-token full-precision window), and a step is
+  the attention of models/llama_kivi.py: `cuda_bmm_fA_qB_outer` for the packed scores and values, torch matmuls for
+  the window, an fp32 softmax; fp16. Its GEMV launches on the legacy default stream, which a CUDA graph cannot
+  capture, so KIVI is timed eagerly (as it runs), and the table says so.
+- lmdeploy, vllm: their packages, installed or at PATH (put on sys.path). The bench checks that they import; a
+  peer that does not is marked "not available on this machine" with the import's error. Timing their decode kernels
+  is not implemented here (no machine this project runs on has them), so a peer that imports is marked "not timed".
+
+Each peer's bits per element (its packed codes, scales, zeros and norms over the K and V elements they hold) and
+version (`git rev-parse` of a checkout, else the package's version) go into the JSON (results/bench/peers-<time>.json)
+and into the "Peers" section of docs/PERFORMANCE.md (`--peers-doc`), which this command rewrites and nothing else.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+KNOWN = ("oscar", "kivi", "lmdeploy", "vllm")
+TITLES = {"oscar": "OScaR official", "kivi": "KIVI", "lmdeploy": "LMDeploy", "vllm": "vLLM"}
+PEER_POINTS = "1x4096,1x32768,1x131072,16x32768,64x4096"
+PEER_SHAPES = "qwen3-8b"
+NOT_AVAILABLE = "not available on this machine"
+REPO = Path(__file__).resolve().parents[2]
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer that cannot run on this machine; the message says why (shown in the table's notes)."""
+
+
+@dataclass
+class Step:
+    """One peer's decode step over a filled cache: fn() -> output [B, Hq, 1, D]; bits per element of its packed part."""
+    fn: Callable
+    bits: float
+    graph: bool = True  # capturable in a CUDA graph (else timed eagerly)
+    note: str = ""
+
+
+@dataclass
+class Peer:
+    name: str
+    path: Path | None
+    version: str = "unknown"
+    impl: object = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_peers(specs: list[str]) -> dict[str, Path | None]:
+    """['oscar=/src/OScaR-KV-Quant', 'vllm'] -> {name: path or None (an installed package)}."""
+    out = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        name = name.strip().lower()
+        if name not in KNOWN:
+            raise SystemExit(f"--peer {spec!r}: unknown peer {name!r}; known: {', '.join(KNOWN)} (as NAME=PATH)")
+        if name in ("oscar", "kivi") and not path:
+            raise SystemExit(f"--peer {name} needs the path of its checkout: --peer {name}=/path/to/checkout")
+        p = Path(path).expanduser().resolve() if path else None
+        if p is not None and not p.exists():
+            raise SystemExit(f"--peer {spec!r}: {p} does not exist")
+        out[name] = p
+    return out
+
+
+def git_version(path: Path) -> str | None:
+    """The checkout's short commit (no network), or None where it is not a git checkout."""
+    try:
+        res = subprocess.run(["git", "-C", str(path), "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                             text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.strip() or None if res.returncode == 0 else None
+
+
+def load_file(module_name: str, path: Path):
+    """Import a peer's Python file under a name of ours (KIVI's package is called `quant`, as this project's is)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_extension(name: str, root: Path, sources: list[str], includes: list[str], cuda_flags: list[str],
+                    cxx_flags: list[str]):
+    """Build (or reuse) a peer's torch extension named `name` (its Python code imports that name) from `root`'s
+    sources, for this GPU's arch, into cache_dir()/peers/<name>-<hash>; registered in sys.modules."""
+    import torch
+    from torch.utils.cpp_extension import load
+
+    from quant.kernels.cuda import cache_dir
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = [f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"]
+    h = hashlib.sha256(" ".join(cuda_flags + cxx_flags + arch).encode())
+    for s in sources:
+        h.update((root / s).read_bytes())
+    build = cache_dir() / "peers" / f"{name}-{h.hexdigest()[:12]}"
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        mod = load(name=name, sources=[str(root / s) for s in sources], extra_include_paths=[str(root / i) for i in includes],
+                   extra_cflags=cxx_flags, extra_cuda_cflags=cuda_flags + arch, build_directory=str(build))
+    except Exception as e:
+        raise PeerUnavailable(f"its extension did not build here ({type(e).__name__}: {str(e)[-300:]})") from e
+    sys.modules[name] = mod
+    return mod
+
+
+class OfficialOScaR:
+    """The official OScaR's pack and decode step (see the module docstring)."""
+
+    BITS, GROUP, RESIDUAL = 2, 32, 256  # its Qwen3 2-bit k-channel path: 256-token pack blocks and residual buffer
+
+    def __init__(self, root: Path):
+        if not (root / "csrc/oscar/decode_api.cpp").is_file():
+            raise PeerUnavailable(f"{root} is not an OScaR-KV-Quant checkout (no csrc/oscar/decode_api.cpp)")
+        if not (root / "libs/cutlass/include/cute").is_dir():
+            raise PeerUnavailable(f"{root}/libs/cutlass/include is missing: run `git submodule update --init` there")
+        src = "csrc/oscar/src/"
+        sources = ["csrc/oscar/decode_api.cpp", src + "k_preprocess.cu"] + [src + "genfile/" + f for f in (
+            "flash_fwd_hdim128_fp16_sm80.cu", "flash_qpack_hdim128_fp16_sm80_2bit.cu",
+            "flash_qpack_hdim128_fp16_sm80_4bit.cu", "flash_fwd_split_hdim128_fp16_sm80_2bit.cu",
+            "flash_fwd_split_hdim128_fp16_sm80_4bit.cu")]
+        # the flags of its setup.py
+        cuda = ["-O3", "-std=c++17", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+                "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "--expt-relaxed-constexpr",
+                "--expt-extended-lambda", "--use_fast_math", "--threads", "4"]
+        build_extension("oscar_cuda", root, sources, ["csrc/oscar", "csrc/oscar/src", "libs/cutlass/include"], cuda,
+                        ["-O3", "-std=c++17"])
+        self.api = load_file("oscar_official_interface", root / "oscar/oscar_interface.py")
+
+    def step(self, q, k, v) -> Step:
+        import torch
+
+        api, f16 = self.api, torch.float16
+        b, hkv, t, d = k.shape
+        packed = (t - 1) // self.RESIDUAL * self.RESIDUAL
+        window = t - packed
+        per = 16 // self.BITS
+        dev = k.device
+        ks, vs = (x[:, :, :packed].transpose(1, 2).to(f16).contiguous() for x in (k, v))  # [B, T, H, D]
+        u16, f32 = {"dtype": torch.uint16, "device": dev}, {"dtype": torch.float32, "device": dev}
+        k_pack, k_params = torch.zeros(b, packed // per, hkv, d, **u16), torch.zeros(b, packed // self.GROUP, hkv, d, **f32)
+        v_pack, v_params = torch.zeros(b, packed, hkv, d // per, **u16), torch.zeros(b, d // self.GROUP, hkv, packed, **f32)
+        cu = torch.arange(0, (b + 1) * packed, packed, dtype=torch.int32, device=dev)
+        k_norm = api.kvcache_pack_int(ks, k_pack, k_params, vs, v_pack, v_params, None, cu, packed, "k-channel",
+                                      self.GROUP, self.BITS, apply_k_hadamard=True, apply_k_norm=True)
+        k_res = torch.zeros(b, self.RESIDUAL, hkv, d, dtype=f16, device=dev)
+        v_res = torch.zeros_like(k_res)
+        kw, norm_w = api.preprocess_k_cache(k[:, :, packed:].transpose(1, 2).to(f16).contiguous(), True, True)
+        k_res[:, :window] = kw
+        v_res[:, :window] = v[:, :, packed:].transpose(1, 2).to(f16)
+        norm_res = torch.ones(b, self.RESIDUAL, **f32)
+        norm_res[:, :window] = norm_w.float()
+        lens = torch.full((b,), packed, dtype=torch.int32, device=dev)
+        blk = 128  # its residual_block_size: the buffers a step may pack a full window into
+        new = (torch.empty(b, blk // per, hkv, d, **u16), torch.empty(b, blk // self.GROUP, hkv, d, **f32),
+               torch.empty(b, blk, hkv, d // per, **u16), torch.empty(b, d // self.GROUP, hkv, blk, **f32))
+        qs = q.transpose(1, 2).to(f16).contiguous()  # [B, 1, Hq, D]
+
+        def fn():
+            qr, _ = api.preprocess_k_cache(qs, apply_hadamard=True, apply_norm=False)
+            out = api.fwd_kvcache_int(qr.contiguous(), k_pack, k_params, v_pack, v_params, k_res, v_res, lens, *new,
+                                      None, d**-0.5, "k-channel", self.GROUP, blk, window, self.BITS, k_norm,
+                                      norm_res)[0]
+            return out.transpose(1, 2)
+
+        nbytes = sum(x.nbytes for x in (k_pack, k_params, v_pack, v_params)) + (k_norm.nbytes if k_norm is not None else 0)
+        return Step(fn, 8 * nbytes / (2 * b * hkv * packed * d), note=f"{window}-token fp16 window")
+
+
+class Kivi:
+    """KIVI's pack and decode attention (see the module docstring)."""
+
+    BITS, GROUP, RESIDUAL = 2, 32, 128
+
+    def __init__(self, root: Path):
+        if not (root / "quant/csrc/gemv_cuda.cu").is_file():
+            raise PeerUnavailable(f"{root} is not a KIVI checkout (no quant/csrc/gemv_cuda.cu)")
+        cuda = ["-O3", "-std=c++17", "-DENABLE_BF16", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+                "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+                "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__", "--expt-relaxed-constexpr",
+                "--expt-extended-lambda", "--use_fast_math"]  # its quant/setup.py
+        build_extension("kivi_gemv", root, ["quant/csrc/pybind.cpp", "quant/csrc/gemv_cuda.cu"], [], cuda,
+                        ["-O3", "-std=c++17", "-DENABLE_BF16"])
+        self.pack = load_file("kivi_new_pack", root / "quant/new_pack.py").triton_quantize_and_pack_along_last_dim
+        self.bmm = load_file("kivi_matmul", root / "quant/matmul.py").cuda_bmm_fA_qB_outer
+
+    def step(self, q, k, v) -> Step:
+        import torch
+
+        f16 = torch.float16
+        b, hkv, t, d = k.shape
+        group = q.shape[1] // hkv
+        packed = t - self.RESIDUAL
+        kq, k_scale, k_mn = self.pack(k[:, :, :packed].to(f16).transpose(2, 3).contiguous(), self.GROUP, self.BITS)
+        vq, v_scale, v_mn = self.pack(v[:, :, :packed].to(f16).contiguous(), self.GROUP, self.BITS)
+        k_full, v_full = (x[:, :, packed:].to(f16).contiguous() for x in (k, v))
+        qh = q.to(f16)
+
+        def repeat(x):  # transformers' repeat_kv, as its model calls it
+            return x[:, :, None].expand(b, hkv, group, *x.shape[2:]).reshape(b, hkv * group, *x.shape[2:])
+
+        def fn():
+            s_q = self.bmm(self.GROUP, qh, kq, k_scale, k_mn, self.BITS)
+            s_f = torch.matmul(qh, repeat(k_full).transpose(2, 3))
+            w = torch.cat([s_q, s_f], dim=-1) / math.sqrt(d)
+            w = torch.softmax(w, dim=-1, dtype=torch.float32).to(f16)
+            out = self.bmm(self.GROUP, w[:, :, :, :packed], vq, v_scale, v_mn, self.BITS)
+            return out + torch.matmul(w[:, :, :, packed:], repeat(v_full))
+
+        nbytes = sum(x.nbytes for x in (kq, k_scale, k_mn, vq, v_scale, v_mn))
+        return Step(fn, 8 * nbytes / (2 * b * hkv * packed * d), graph=False,
+                    note=f"{self.RESIDUAL}-token fp16 window; eager (its GEMV launches on the legacy default stream)")
+
+
+def probe_package(name: str, path: Path | None):
+    """LMDeploy / vLLM: importable here? Raises PeerUnavailable with the reason either way (no adapter times them)."""
+    if path is not None:
+        sys.path.insert(0, str(path))
+    try:
+        mod = importlib.import_module(name)
+    except Exception as e:
+        raise PeerUnavailable(f"{NOT_AVAILABLE}: `import {name}` failed ({type(e).__name__}: {str(e)[:160]})") from e
+    version = getattr(mod, "__version__", "unknown")
+    raise PeerUnavailable(f"not timed: {name} {version} imports, but this bench has no adapter for its decode kernel")
+
+
+def load_peers(specs: dict[str, Path | None]) -> list[Peer]:
+    """Build and load each peer; one that cannot run keeps its reason in .error."""
+    peers = []
+    for name, path in specs.items():
+        peer = Peer(name, path)
+        if path is not None:
+            peer.version = git_version(path) or peer.version
+        try:
+            if name == "oscar":
+                peer.impl = OfficialOScaR(path)
+            elif name == "kivi":
+                peer.impl = Kivi(path)
+            else:
+                probe_package(name, path)
+        except PeerUnavailable as e:
+            peer.error = str(e)
+        if name in ("lmdeploy", "vllm") and peer.version == "unknown":
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                peer.version = version(name)
+            except PackageNotFoundError:
+                peer.version = "not installed"
+        print(f"peer {name}: {peer.version}: {peer.error or 'ready'}", flush=True)
+        peers.append(peer)
+    return peers
+
+
+def time_step(fn, graph: bool) -> dict:
+    """{'us': dirty, 'clean_us': clean, 'mode': 'graph' | 'eager'} with `make bench`'s timers."""
+    from harness.bench.timing import _graph_us, _median_us, clean_l2_us
+
+    if graph:
+        dirty, clean = _graph_us(fn), _graph_us(fn, clean=True)
+        if isinstance(dirty, float) and isinstance(clean, float):
+            return {"us": dirty, "clean_us": clean, "mode": "graph"}
+    return {"us": _median_us(fn), "clean_us": clean_l2_us(fn), "mode": "eager"}
+
+
+def peer_point(shape: str, batch: int, ctx: int, peers: list[Peer]) -> dict:
+    """One point: BF16 SDPA, this project's CUDA decode and every ready peer, each with its error against the BF16
+    SDPA output (the unquantized attention: how far its quantization moves the result)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from harness.bench.timing import SHAPES, _graph_us
+    from quant.kernels import decode_attention, pack_kv
+    from quant.kernels.common import bytes_read
+    from quant.kernels.reference import relative_error
+    from quant.packed import PackedKV
+    from quant.primitives import hadamard
+
+    hq, hkv, d = SHAPES[shape]
+    g = torch.Generator(device="cuda").manual_seed(batch * 7 + ctx)  # the draws of `make bench`'s kernel_point
+    q = torch.randn(batch, hq, 1, d, device="cuda", generator=g).to(torch.bfloat16)
+    k = torch.randn(batch, hkv, ctx, d, device="cuda", generator=g).to(torch.bfloat16)
+    v = torch.randn(batch, hkv, ctx, d, device="cuda", generator=g).to(torch.bfloat16)
+    row = {"shape": shape, "batch": batch, "context": ctx}
+    with sdpa_kernel(SDPBackend.MATH):
+        exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+    for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        def run(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        row[name] = {"us": _graph_us(run), "clean_us": _graph_us(run, clean=True), "mode": "graph", "bits": 16.0}
+    tq = ctx - 64 - (ctx - 64) % 128  # the bench's 64-token window (rounded to whole 128-token blocks)
+    kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=False)
+    kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device="cuda"),
+                  values_rotated=False)
+    ours = lambda: decode_attention(q, kv, d**-0.5, backend="cuda")
+    packed_bytes = bytes_read(PackedKV(kq, vq, norms, k[:, :, :0], v[:, :, :0], None))
+    row["project"] = {**time_step(ours, True), "bits": 8 * packed_bytes / (2 * batch * hkv * tq * d),
+                      "rel_err_vs_exact": relative_error(ours().float(), exact)}
+    for peer in peers:
+        if peer.error:
+            continue
+        try:
+            step = peer.impl.step(q, k, v)
+            out = step.fn()
+            row[peer.name] = {**time_step(step.fn, step.graph), "bits": step.bits, "note": step.note,
+                              "rel_err_vs_exact": relative_error(out.float(), exact)}
+            del step, out
+        except Exception as e:  # noqa: BLE001  (one peer failing at one point must not lose the others)
+            row[peer.name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+        torch.cuda.empty_cache()
+    return row
+
+
+def status_cell(error: str) -> str:
+    """A table cell for a peer that did not run: why, in short (the notes below the table give the whole reason)."""
+    if error.startswith(NOT_AVAILABLE):
+        return NOT_AVAILABLE
+    return "not timed" if error.startswith("not timed") else "did not build"
+
+
+def _cell(entry: dict | None, key: str = "us") -> str:
+    if entry is None:
+        return "-"
+    if "error" in entry:
+        return "failed (see JSON)"
+    t = entry.get(key)
+    if not isinstance(t, float):
+        return "failed (see JSON)"
+    return f"{t:.1f}" + (" (eager)" if entry.get("mode") == "eager" else "")
+
+
+def format_section(result: dict) -> str:
+    """The "## Peers" section of docs/PERFORMANCE.md from a peers JSON."""
+    peers = result["peers"]
+    cols = [("bf16", "BF16 (best SDPA)"), ("project", "this project")] + [(p["name"], TITLES[p["name"]]) for p in peers]
+    env = result["environment"]
+    lines = ["## Peers", "",
+             (f"One decode step (one query token) of each peer beside BF16 and this project, timed in one process by "
+             f"`oscar-eval bench --what peers` on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}) on "
+             f"{result['date'][:8]}: graph replays (eager where a peer's launches cannot be captured, marked), "
+             "medians in us, as `make bench` times. Random bf16 q/K/V, Qwen3-8B's 32 query / 8 KV heads of 128; "
+             "each peer's cache filled by its own pack, converted to its dtype (fp16 for the official OScaR and "
+             "KIVI). Regenerate with `make bench OPTS=\"--what peers --peer oscar=PATH --peer kivi=PATH --peer "
+             "lmdeploy --peer vllm\"`."), ""]
+    for key, title in (("us", "after do_bench's dirty L2 flush"), ("clean_us", "after a read-only L2 flush")):
+        lines += [f"**Times {title}** (us):", "", "| point | " + " | ".join(t for _, t in cols) + " |",
+                  "|---" * (len(cols) + 1) + "|"]
+        for row in (r for r in result["points"] if "error" not in r):
+            best = min((row[n] for n in ("sdpa_cudnn", "sdpa_flash") if isinstance(row[n].get(key), float)),
+                       key=lambda e: e[key], default=None)
+            errors = {p["name"]: p["error"] for p in peers if p.get("error")}
+            cells = [_cell(best, key)] + [status_cell(errors[n]) if n in errors else _cell(row.get(n), key)
+                                          for n, _ in cols[1:]]
+            lines.append(f"| {row['batch']} x {row['context'] // 1024}K | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [("**The peers** (bits per element: the packed part's codes, scales, zeros and norms over its K and V "
+              "elements, at the longest point; error: relative L2 against the unquantized attention in float32 at "
+              "that point, which says the peer computed attention over its own 2-bit cache):"), "",
+              "| peer | version | bits per element | error vs exact | how it ran |", "|---|---|---|---|---|"]
+    last = max((r for r in result["points"] if "error" not in r), key=lambda r: r["batch"] * r["context"], default={})
+    proj = last.get("project", {})
+    lines.append(f"| this project | {result['project_version']} | {proj.get('bits', float('nan')):.3f} | "
+                 f"{proj.get('rel_err_vs_exact', float('nan')):.3f} | CUDA decode, 64-token bf16 window |")
+    for p in peers:
+        e = last.get(p["name"], {})
+        if p.get("error"):
+            lines.append(f"| {TITLES[p['name']]} | {p['version']} | - | - | {p['error']} |")
+        elif "error" in e or not e:
+            lines.append(f"| {TITLES[p['name']]} | {p['version']} | - | - | failed: {e.get('error', 'no result')} |")
+        else:
+            lines.append(f"| {TITLES[p['name']]} | {p['version']} | {e['bits']:.3f} | {e['rel_err_vs_exact']:.3f} | "
+                         f"{e.get('note', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(doc: Path, section: str) -> None:
+    """Replace the "## Peers" section of `doc` (up to the next "## " heading or the end), or append one."""
+    text = doc.read_text() if doc.exists() else ""
+    start = text.find("\n## Peers\n")
+    if start < 0:
+        doc.write_text(text.rstrip("\n") + "\n\n" + section)
+        return
+    nxt = text.find("\n## ", start + 1)
+    rest = text[nxt:] if nxt >= 0 else ""
+    doc.write_text(text[:start + 1] + section + rest)
+
+
+def run_peers(args) -> int:
+    """The --what peers entry of `oscar-eval bench`."""
+    import torch
+
+    from harness.bench.timing import POINTS, SHAPES
+
+    specs = parse_peers(args.peer or [])
+    if not specs:
+        raise SystemExit("--what peers needs at least one --peer NAME=PATH (NAME: " + ", ".join(KNOWN) + ")")
+    points = PEER_POINTS if args.points == POINTS else args.points
+    shapes = PEER_SHAPES if args.shapes == ",".join(SHAPES) else args.shapes
+    peers = load_peers(specs)
+    p = torch.cuda.get_device_properties(0)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    result = {"date": stamp, "environment": {"device": p.name, "sms": p.multi_processor_count,
+                                             "torch": torch.__version__, "cuda": torch.version.cuda},
+              "project_version": git_version(REPO) or "unknown",
+              "peers": [{"name": x.name, "version": x.version, "path": str(x.path) if x.path else None,
+                         "error": x.error} for x in peers], "points": []}
+    out = Path(args.out or f"results/bench/peers-{stamp}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for shape in shapes.split(","):
+        for point in points.split(","):
+            batch, ctx = (int(x) for x in point.lower().split("x"))
+            try:
+                row = peer_point(shape, batch, ctx, peers)
+            except torch.cuda.OutOfMemoryError as e:
+                row = {"shape": shape, "batch": batch, "context": ctx, "error": f"OOM: {str(e)[:120]}"}
+            result["points"].append(row)
+            print(json.dumps({k: (v if not isinstance(v, dict) else {a: b for a, b in v.items() if a in
+                                                                    ("us", "clean_us", "mode", "bits", "error")})
+                              for k, v in row.items()}), flush=True)
+            out.write_text(json.dumps(result, indent=1, default=str))
+            torch.cuda.empty_cache()
+    section = format_section(result)
+    print(section)
+    if args.peers_doc:
+        write_section(Path(args.peers_doc), section)
+        print(f"wrote {out} and the Peers section of {args.peers_doc}")
+    return 0
