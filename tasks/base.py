@@ -31,3 +31,37 @@ class Task(Protocol):
 
     def data_fingerprint(self, items: list[dict[str, Any]]) -> str:
         """A hash that changes when the items change."""
+
+
+# What each model family's adapter reads (harness.models: their build_inputs refuse anything else).
+FAMILY_READS: dict[str, tuple[str, ...]] = {
+    "text": ("text",),
+    "llava": ("image", "text"),
+    "qwen3_vl": ("image", "text"),
+    "qwen3_omni": ("audio", "image", "text"),
+}
+
+
+def refuse_unreadable(task: Any, model: str, specs: dict[str, Any]) -> None:
+    """ValueError when model `model` (a key of `specs`, name -> ModelSpec) cannot read every modality
+    `task.modalities` needs; the message names the models that can. Called before any weights load."""
+    needs = set(getattr(task, "modalities", ()))
+    family = specs[model].family
+    if family not in FAMILY_READS:
+        raise ValueError(f"model family {family!r} of {model} is missing from tasks.base.FAMILY_READS; add what it reads")
+    missing = needs - set(FAMILY_READS[family])
+    if missing:
+        able = sorted(name for name, spec in specs.items() if needs <= set(FAMILY_READS.get(spec.family, ())))
+        raise ValueError(f"{model} cannot run {task.name}: it reads {', '.join(FAMILY_READS[family])}, the task needs "
+                         f"{', '.join(sorted(needs))} (no {', '.join(sorted(missing))}); models that can: {', '.join(able) or 'none'}")
+
+
+def failure_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Failed records grouped by why: {failure kind: {"n": count, "first": first error text}}; the kind
+    is the record's "failure" field when the task sets one, else "error"."""
+    out: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if "error" in record:
+            group = out.setdefault(str(record.get("failure") or "error"), {"n": 0, "first": record["error"]})
+            group["n"] += 1
+    return out

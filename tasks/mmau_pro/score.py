@@ -1,21 +1,28 @@
-"""MMAU-Pro scoring, after the official evaluator (sonalkum/MMAUPro, evaluate_mmau_pro_comprehensive.py).
+"""MMAU-Pro scoring, as the official evaluator (sonalkum/MMAUPro, evaluate_mmau_pro_comprehensive.py).
 
 Three kinds of item, told apart by `category`:
 - "open": an LLM judge rates the answer; `judge_prompt` and `parse_judge_scores` follow the
   official prompt and parsing. Open-ended = mean OVERALL / 5 x 100; Good Rate = share (x100) of
   items with OVERALL >= 4.
 - "instruction following": rule checks (tasks.mmau_pro.aif); AIF = share passed x 100.
-- any other category with more than one choice (closed form): the answer and the choices are
+- any other category with more than one choice (closed form): the raw answer and the choices are
   embedded and L2-normalized, the most similar choice (cosine x 100, first on ties) is the model's
-  pick, correct when it equals `answer`. A bare option letter ("B", "(B)", "B.") is first replaced by
-  that option's text, since a lone letter embeds close to nothing. Accuracy per category x 100.
+  pick, correct when it equals `answer`. Accuracy per category x 100. Closed items with fewer than
+  two choices are left out of every number, as officially ("excluded" records).
 - overall = item-count-weighted mean of the category scores (open: mean OVERALL / 5), x 100.
-Items that failed (records with "error") are left out of every mean and counted in n_errors.
+Every other row counts: an item whose answer is missing (audio or generation failed) is scored as
+the official script scores a missing answer, "" for open and closed items and str(None) = "None"
+for AIF (`standin`), and counted among the failures of its category.
+
+One metric of ours sits beside the official ones, under its own name: `closed_letters_mapped` /
+`overall_letters_mapped`, where a leading option label ("B", "(B)", "Answer: B") is replaced by that
+option's text before embedding (`map_letter`). RULES says which rule produced each metric.
 All functions here are pure.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Sequence
 
@@ -55,6 +62,21 @@ CLARITY: [score] - [justification]
 OVERALL: [average score] - [overall assessment]"""
 
 
+OFFICIAL_RULE = "official (sonalkum/MMAUPro evaluate_mmau_pro_comprehensive.py at bf12804)"
+LETTERS_RULE = "ours, not official: a leading option label is replaced by that option's text before embedding"
+RULES = {
+    "open_ended": f"{OFFICIAL_RULE}: mean judge OVERALL / 5 x 100 over every open item, a missing answer judged as ''",
+    "good_rate": f"{OFFICIAL_RULE}: share x 100 of open items with OVERALL >= 4",
+    "aif": f"{OFFICIAL_RULE}: share x 100 of AIF items passing their check, a missing answer checked as 'None', "
+           "an unknown task_identifier failing, None kwargs passed through; sentences by NLTK English punkt_tab",
+    "closed": f"{OFFICIAL_RULE}: accuracy x 100 over closed items, the raw answer (a missing one as '') embedded "
+              "against the choices, most similar choice picked",
+    "overall": f"{OFFICIAL_RULE}: item-count-weighted mean of the category scores x 100",
+    "closed_letters_mapped": f"{LETTERS_RULE}; otherwise as closed",
+    "overall_letters_mapped": f"{LETTERS_RULE}; otherwise as overall",
+}
+
+
 def kind(item: dict[str, Any]) -> str:
     """"open", "aif" or "closed" (closed needs more than one choice, as officially)."""
     if item["category"] == OPEN:
@@ -63,7 +85,13 @@ def kind(item: dict[str, Any]) -> str:
         return "aif"
     if len(item.get("choices") or []) > 1:
         return "closed"
-    return "unscorable"  # the official script drops these; the task reports them as errors
+    return "excluded"  # the official script leaves these out of every number
+
+
+def standin(item_kind: str) -> str:
+    """What the official script scores for a missing answer: fillna("") for open and closed items,
+    str(None) for AIF (it reads the row's answer with str())."""
+    return str(None) if item_kind == "aif" else ""
 
 
 def judge_prompt(question: str, reference: str, response: str) -> str:
@@ -107,7 +135,10 @@ def map_letter(prediction: str, choices: Sequence[str]) -> tuple[str, int | None
 
 
 def pick_choice(similarities: Sequence[float]) -> int:
-    """Index of the most similar choice; the first one on ties, like torch.argmax."""
+    """Index of the most similar choice; the first one on ties, like torch.argmax. A NaN or infinite
+    similarity raises ValueError (torch.argmax would pick a NaN: a broken embedding, not an answer)."""
+    if not all(math.isfinite(s) for s in similarities):
+        raise ValueError(f"similarities {list(similarities)} are not all finite")
     best = 0
     for i, s in enumerate(similarities):
         if s > similarities[best]:
@@ -116,47 +147,77 @@ def pick_choice(similarities: Sequence[float]) -> int:
 
 
 def _category_summary(kind_name: str, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Score (0-100) and counts of one category's scored records."""
+    """Score (0-100), counts and failure counts of one category's scored records."""
     n = len(records)
+    out: dict[str, Any] = {"type": kind_name, "n": n}
     if kind_name == "open":
         overall = [r["scores"]["overall"] for r in records]
         mean = sum(overall) / n
-        return {"type": "open", "n": n, "score": mean / 5 * 100, "open_ended": mean / 5 * 100,
-                "avg_overall": mean, "good_rate": 100 * sum(o >= GOOD for o in overall) / n}
-    passed = sum(r["scores"]["correct" if kind_name == "closed" else "passed"] for r in records)
-    return {"type": kind_name, "n": n, "score": 100 * passed / n}
+        out.update(score=mean / 5 * 100, open_ended=mean / 5 * 100, avg_overall=mean,
+                   good_rate=100 * sum(o >= GOOD for o in overall) / n)
+    elif kind_name == "aif":
+        out["score"] = 100 * sum(r["scores"]["passed"] for r in records) / n
+        out["n_noted"] = sum(1 for r in records if r.get("note"))  # unknown identifier, check raised
+    else:
+        out["score"] = 100 * sum(r["scores"]["correct"] for r in records) / n
+        out["score_letters_mapped"] = 100 * sum(r["scores"]["correct_letters_mapped"] for r in records) / n
+    failed = [r for r in records if "error" in r]
+    out["n_failed"] = len(failed)
+    for r in failed:
+        key = f"n_failed_{r.get('failure', 'other')}"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _weighted(categories: dict[str, dict[str, Any]], closed_key: str) -> float | None:
+    """Item-count-weighted mean of the category scores; closed categories read `closed_key`."""
+    scored = [c for c in categories.values() if c.get("n")]
+    if not scored:
+        return None
+    total = sum((c[closed_key] if c["type"] == "closed" else c["score"]) * c["n"] for c in scored)
+    return total / sum(c["n"] for c in scored)
 
 
 def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Records -> {"metrics": {...}, "categories": {category: {...}}, "scorers": [...]}.
+    """Records -> {"metrics": {...}, "categories": {category: {...}}, "scorers": [...], "rules": RULES}.
 
-    metrics: open_ended, good_rate, aif, closed (accuracy over all closed items), overall (weighted
-    as officially), all 0-100 or None when no item of that kind was scored; n, n_errors.
+    metrics: open_ended, good_rate, aif, closed, overall (official), closed_letters_mapped and
+    overall_letters_mapped (ours), all 0-100 or None when no item of that kind was scored; n (records),
+    n_errors (failed items, scored with the official stand-in answer). categories[c]: type, n (items
+    scored), score, n_failed and n_failed_<why>, n_excluded, and per type open_ended / good_rate /
+    avg_overall, n_noted (AIF), score_letters_mapped (closed).
     """
     by_category: dict[str, list[dict[str, Any]]] = {}
-    errors: dict[str, int] = {}
+    excluded: dict[str, int] = {}
     for r in records:
-        if "error" in r:
-            errors[r.get("category", "?")] = errors.get(r.get("category", "?"), 0) + 1
+        if r.get("kind") == "excluded":
+            excluded[r["category"]] = excluded.get(r["category"], 0) + 1
+        elif "scores" not in r:
+            raise ValueError(f"MMAU-Pro record {r.get('id')!r} has no scores; every row is scored officially "
+                             "(re-score old results with python -m tasks.mmau_pro.rescore)")
         else:
             by_category.setdefault(r["category"], []).append(r)
     categories = {c: _category_summary(rs[0]["kind"], rs) for c, rs in sorted(by_category.items())}
-    for c, n_err in errors.items():
-        categories.setdefault(c, {"type": None, "n": 0, "score": None})["n_errors"] = n_err
-    for c in categories:
-        categories[c].setdefault("n_errors", 0)
-    scored = [c for c in categories.values() if c["n"]]
+    for c, n in excluded.items():
+        categories.setdefault(c, {"type": "closed", "n": 0, "score": None, "n_failed": 0})["n_excluded"] = n
+    for c in categories.values():
+        c.setdefault("n_excluded", 0)
     closed = [r for rs in by_category.values() for r in rs if r["kind"] == "closed"]
     open_cat = categories.get(OPEN, {})
+
+    def closed_share(key: str) -> float | None:
+        return 100 * sum(r["scores"][key] for r in closed) / len(closed) if closed else None
+
     metrics = {
         "open_ended": open_cat.get("open_ended"),
         "good_rate": open_cat.get("good_rate"),
         "aif": categories.get(AIF, {}).get("score"),
-        "closed": 100 * sum(r["scores"]["correct"] for r in closed) / len(closed) if closed else None,
-        "overall": sum(c["score"] * c["n"] for c in scored) / sum(c["n"] for c in scored) if scored else None,
+        "closed": closed_share("correct"),
+        "overall": _weighted(categories, "score"),
+        "closed_letters_mapped": closed_share("correct_letters_mapped"),
+        "overall_letters_mapped": _weighted(categories, "score_letters_mapped"),
         "n": len(records),
-        "n_errors": sum(errors.values()),
+        "n_errors": sum(1 for r in records if "error" in r),
     }
     scorers = sorted({json.dumps(r.get("scorer", {}), sort_keys=True) for rs in by_category.values() for r in rs})
-    return {"metrics": metrics, "categories": categories, "scorers": [json.loads(s) for s in scorers]}
-
+    return {"metrics": metrics, "categories": categories, "scorers": [json.loads(s) for s in scorers], "rules": RULES}

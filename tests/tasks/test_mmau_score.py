@@ -1,5 +1,5 @@
 """MMAU-Pro scoring: judge prompt and parsing, Good Rate, letter mapping, closed-form matching with
-the real MiniLM embedder, aggregation."""
+the real MiniLM embedder (raw answers officially, letters mapped only in the extra metric), aggregation."""
 from __future__ import annotations
 
 import pytest
@@ -72,17 +72,28 @@ CLOSED = {"id": "c1", "category": "sound", "question": "Which best describes the
 
 @pytest.mark.parametrize("prediction, matched", [
     ("It is hissing static noise.", "white noise"),
-    ("B", "white noise"),  # a bare letter is mapped to its option before embedding
-    ("(C)", "a rising pitch sweep"),
     ("Nothing at all, it is quiet: silence.", "silence"),
     ("The pitch goes up over time", "a rising pitch sweep"),
 ])
 def test_closed_form_matching_with_minilm(task, prediction, matched):
     out = task.score_prediction(CLOSED, prediction)
-    assert out["matched_choice"] == matched
-    assert out["scores"]["correct"] == int(matched == "white noise")
+    assert out["matched_choice"] == out["matched_choice_letters_mapped"] == matched  # no letter: both the same
+    assert out["scores"] == {"correct": int(matched == "white noise"), "correct_letters_mapped": int(matched == "white noise")}
     assert out["scorer"] == {"embedder": "all-MiniLM-L6-v2", "embedder_pooling": "mean-pool"}
     assert len(out["similarities"]) == 4 and max(out["similarities"]) <= 100.0 + 1e-3
+
+
+@pytest.mark.parametrize("prediction, letter", [("B", 1), ("(B)", 1), ("Answer: B", 1)])
+def test_a_letter_is_embedded_raw_officially_and_mapped_only_in_the_extra_metric(task, prediction, letter):
+    """Kind 6: the official script embeds "B" itself; what it is closest to has nothing to do with option B."""
+    out = task.score_prediction(CLOSED, prediction)
+    model = task.get_embedder()
+    raw = (model.encode([prediction]) @ model.encode(CLOSED["choices"]).T * 100).squeeze(0).tolist()
+    assert out["similarities"] == pytest.approx(raw, abs=1e-4)
+    assert out["matched_choice"] == CLOSED["choices"][score.pick_choice(raw)]
+    assert out["scores"]["correct"] == int(out["matched_choice"] == "white noise")
+    assert out["letter_index"] == letter and out["matched_choice_letters_mapped"] == "white noise"
+    assert out["scores"]["correct_letters_mapped"] == 1
 
 
 def test_embeddings_are_unit_norm(task):
@@ -92,28 +103,36 @@ def test_embeddings_are_unit_norm(task):
 
 
 # ------------------------------------------------------------------ aggregation
-def rec(i, category, kind, **scores):
-    return {"id": f"r{i}", "category": category, "kind": kind, "scores": scores, "scorer": {"name": kind}}
+def rec(i, category, kind, **fields):
+    extra = {k: fields.pop(k) for k in ("error", "failure", "note") if k in fields}
+    if kind == "closed":
+        fields.setdefault("correct_letters_mapped", fields["correct"])
+    return {"id": f"r{i}", "category": category, "kind": kind, "scores": fields, "scorer": {"name": kind}, **extra}
 
 
 def test_aggregate_matches_the_official_formulas():
     records = [
         rec(0, "open", "open", overall=4.0), rec(1, "open", "open", overall=3.5), rec(2, "open", "open", overall=5.0),
         rec(3, "instruction following", "aif", passed=1), rec(4, "instruction following", "aif", passed=0),
-        rec(5, "sound", "closed", correct=1), rec(6, "sound", "closed", correct=0),
+        rec(5, "sound", "closed", correct=1), rec(6, "sound", "closed", correct=0, correct_letters_mapped=1),
         rec(7, "music", "closed", correct=1),
-        {"id": "r8", "category": "music", "kind": "closed", "error": "item r8: audio missing"},
+        rec(8, "music", "closed", correct=0, error="item r8: audio missing", failure="audio"),
+        {"id": "r9", "category": "music", "kind": "excluded", "excluded": "item r9: one choice"},
     ]
     out = score.aggregate(records)
     m = out["metrics"]
     assert m["open_ended"] == pytest.approx((4.0 + 3.5 + 5.0) / 3 / 5 * 100)
     assert m["good_rate"] == pytest.approx(100 * 2 / 3)  # 4.0 counts as good, 3.5 does not
-    assert m["aif"] == 50.0 and m["closed"] == pytest.approx(200 / 3)
-    weighted = (3 * (12.5 / 3 / 5) + 2 * 0.5 + 2 * 0.5 + 1 * 1.0) / 8 * 100
+    assert m["aif"] == 50.0 and m["closed"] == 50.0  # the failed r8 counts, as a miss
+    weighted = (3 * (12.5 / 3 / 5) + 2 * 0.5 + 2 * 0.5 + 2 * 0.5) / 9 * 100
     assert m["overall"] == pytest.approx(weighted)
-    assert m["n"] == 9 and m["n_errors"] == 1
-    assert out["categories"]["music"] == {"type": "closed", "n": 1, "score": 100.0, "n_errors": 1}
+    assert m["closed_letters_mapped"] == 75.0
+    assert m["overall_letters_mapped"] == pytest.approx((3 * (12.5 / 3 / 5) + 2 * 0.5 + 2 * 1.0 + 2 * 0.5) / 9 * 100)
+    assert m["n"] == 10 and m["n_errors"] == 1
+    assert out["categories"]["music"] == {"type": "closed", "n": 2, "score": 50.0, "score_letters_mapped": 50.0,
+                                          "n_failed": 1, "n_failed_audio": 1, "n_excluded": 1}
     assert [s["name"] for s in out["scorers"]] == ["aif", "closed", "open"]
+    assert set(out["rules"]) >= {"overall", "closed", "closed_letters_mapped"} and "ours" in out["rules"]["closed_letters_mapped"]
     assert score.aggregate(records) == out  # pure: the same twice
 
 
@@ -121,3 +140,13 @@ def test_aggregate_of_an_empty_kind_is_none():
     m = score.aggregate([rec(0, "sound", "closed", correct=1)])["metrics"]
     assert m["open_ended"] is None and m["good_rate"] is None and m["aif"] is None
     assert m["closed"] == m["overall"] == 100.0
+
+
+def test_a_record_without_scores_is_refused():
+    with pytest.raises(ValueError, match="record 'r0' has no scores"):
+        score.aggregate([{"id": "r0", "category": "sound", "kind": "closed", "error": "old"}])
+
+
+def test_pick_choice_refuses_nan():
+    with pytest.raises(ValueError, match="not all finite"):
+        score.pick_choice([0.2, float("nan"), 0.1])  # torch.argmax would pick the NaN

@@ -2,12 +2,13 @@
 
 Audio comes as a list of {"array": float32 [samples], "sampling_rate": 16000} dicts, one per clip,
 the form lmms-eval's audio models take. Scoring (embedder, judge, AIF rules) is the harness's own;
-a doc that cannot be scored yields a record with "error", counted in n_errors, never an empty answer.
+every row is scored as the official evaluator scores it (a missing answer as "" / "None"); closed items
+with fewer than two choices are left out, as officially.
 """
 import math
 from functools import lru_cache
 
-from tasks.mmau_pro import MMAUProTask, data, item_problem, prompt_text, score
+from tasks.mmau_pro import MMAUProTask, data, excluded_reason, prompt_text, score
 
 
 @lru_cache(maxsize=1)
@@ -42,15 +43,19 @@ def doc_to_text(doc, lmms_eval_specific_kwargs=None):
     return prompt_text(_item(doc))
 
 
+METRICS = ("open_ended", "good_rate", "aif", "closed", "overall", "closed_letters_mapped", "overall_letters_mapped")
+
+
 def process_results(doc, results):
     item = _item(doc)
     record = {"id": item["id"], "category": item["category"], "kind": score.kind(item)}
-    problem = item_problem(item)
-    if problem:
-        record["error"] = f"item {item['id']}: {problem}"
+    reason = excluded_reason(item)
+    if reason:
+        record["excluded"] = f"item {item['id']}: {reason}"
     else:
-        record.update(prediction=results[0], **_task().score_prediction(item, results[0]))
-    return {name: record for name in ("open_ended", "good_rate", "aif", "closed", "overall")}
+        prediction = results[0] if results and results[0] is not None else score.standin(record["kind"])
+        record.update(prediction=prediction, **_task().score_prediction(item, prediction))
+    return {name: record for name in METRICS}
 
 
 def _metric(name, records):
@@ -76,3 +81,11 @@ def aggregate_closed(records):
 
 def aggregate_overall(records):
     return _metric("overall", records)
+
+
+def aggregate_closed_letters_mapped(records):
+    return _metric("closed_letters_mapped", records)
+
+
+def aggregate_overall_letters_mapped(records):
+    return _metric("overall_letters_mapped", records)
