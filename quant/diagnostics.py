@@ -10,13 +10,18 @@ over all heads and channels, K_unit = K_rot / n_t, asymmetric B-bit quantization
 group of tokens, K_hat = (K_unit_hat * n_t) @ H_d. The group layout is the only thing that differs
 between "contiguous" (G consecutive tokens, what the cache stores) and "aligned" (groups restart at
 every modality boundary, so a run of one modality is cut into G-token groups and a shorter tail).
+Values follow OScaR's value path (V_rot = V @ H_d, B-bit per token over groups of G channels), or KIVI's
+without the rotation. Per-token views: relative errors per token, and the tokens whose norm stands far
+from their modality's median (outliers such as the first token).
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
 
+from quant.packed import quantize
 from quant.primitives import asym_dequantize, asym_quantize, hadamard
 
 MODALITY_NAMES = ("text", "image", "video", "audio")
@@ -95,29 +100,64 @@ def shifted_groups(groups: list[tuple[int, int]], length: int, shift: int) -> li
     "aligned" from "merely more, smaller groups"."""
     cuts = sorted({(c + shift) % length for _, c in groups[:-1]} - {0})  # cyclic: no cut is lost
     edges = [0, *cuts, length]
-    return list(zip(edges[:-1], edges[1:]))
+    return list(itertools.pairwise(edges))
 
 
-def quantize_token_groups(x: torch.Tensor, groups: list[tuple[int, int]], bits: int) -> torch.Tensor:
+def quantize_token_groups(x: torch.Tensor, groups: list[tuple[int, int]], bits: int,
+                          zero_point: str = "float") -> torch.Tensor:
     """Per-channel asymmetric quantize-dequantize of x [B, H, S, D] over the given token groups,
-    float32 [B, H, S, D] (the arithmetic of quant.primitives, fp16 scale and zero)."""
+    float32 [B, H, S, D] (the arithmetic of quant.primitives, fp16 scale and zero; `zero_point` as there)."""
     out = torch.empty_like(x, dtype=torch.float32)
     for start, end in groups:
-        codes, scale, zero = asym_quantize(x[:, :, start:end], bits, dim=-2)
+        codes, scale, zero = asym_quantize(x[:, :, start:end], bits, dim=-2, zero_point=zero_point)
         out[:, :, start:end] = asym_dequantize(codes, scale, zero)
     return out
 
 
-def reconstruct_keys(k: torch.Tensor, groups, bits: int = 2, rotation: bool = True, token_norm: bool = True):
+def reconstruct_keys(k: torch.Tensor, groups, bits: int = 2, rotation: bool = True, token_norm: bool = True,
+                     zero_point: str = "float"):
     """K_hat of OScaR's key path (see the module docstring), float32 [B, H, S, D]. rotation=False and
-    token_norm=False give KIVI's per-channel keys with the same groups."""
+    token_norm=False give KIVI's per-channel keys with the same groups; zero_point as the method's config."""
     k = k.float()
     rot = hadamard(k.shape[-1], device=k.device) if rotation else None
     k_rot = k @ rot if rot is not None else k
     n = k_rot.pow(2).sum(dim=(1, 3), keepdim=True).sqrt() if token_norm else torch.ones_like(k_rot[:, :1, :, :1])
     n = torch.where(n > 0, n, torch.ones_like(n))
-    k_hat = quantize_token_groups(k_rot / n, groups, bits) * n
+    k_hat = quantize_token_groups(k_rot / n, groups, bits, zero_point) * n
     return k_hat @ rot if rot is not None else k_hat
+
+
+def reconstruct_values(v: torch.Tensor, bits: int = 2, group_size: int = 32, rotation: bool = True,
+                       zero_point: str = "float") -> torch.Tensor:
+    """V_hat of OScaR's value path, float32 [B, H, S, D]: V_rot = V @ H_d, asymmetric B-bit quantization per token in
+    groups of G channels (quant.packed.quantize, axis -1), V_hat = V_rot_hat @ H_d. rotation=False gives KIVI's
+    per-token values. Every token is quantized (the cache's full-precision window is left out of the picture)."""
+    v = v.float()
+    rot = hadamard(v.shape[-1], device=v.device) if rotation else None
+    v_rot = v @ rot if rot is not None else v
+    v_hat = quantize(v_rot, bits, group_size, axis=-1, zero_point=zero_point).dequantize()
+    return v_hat @ rot if rot is not None else v_hat
+
+
+def token_errors(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
+    """Relative error of each token of row 0: ||x_t - x_hat_t|| / ||x_t|| over heads and channels, float32 [S]
+    (0 where x_t is 0). x, x_hat: [B, H, S, D]."""
+    err = (x[0].float() - x_hat[0].float()).pow(2).sum(dim=(0, 2)).sqrt()
+    ref = x[0].float().pow(2).sum(dim=(0, 2)).sqrt()
+    return torch.where(ref > 0, err / ref.clamp_min(1e-30), torch.zeros_like(err)).cpu()
+
+
+def outlier_tokens(norms: torch.Tensor, tags: torch.Tensor, factor: float = 2.0, limit: int = 8) -> list[dict]:
+    """Tokens whose norm is at least `factor` times above or below the median of their modality, farthest first, at
+    most `limit`: [{"position", "modality", "norm", "ratio": norm / median}]. Per-modality means hide them (the
+    first token of a text, where attention sinks form, can have a third of the others' value norm)."""
+    norms, tags = norms.float().cpu(), tags.long().cpu()
+    medians = {c: norms[tags == c].median().item() for c in set(tags.tolist())}
+    ratio = norms / torch.tensor([medians[c] or 1.0 for c in tags.tolist()])
+    far = ((ratio >= factor) | (ratio <= 1 / factor)).nonzero().flatten().tolist()
+    far.sort(key=lambda t: -abs(math.log(max(ratio[t].item(), 1e-30))))
+    return [{"position": t, "modality": MODALITY_NAMES[int(tags[t])], "norm": norms[t].item(),
+             "ratio": ratio[t].item()} for t in far[:limit]]
 
 
 def per_modality_error(x: torch.Tensor, x_hat: torch.Tensor, tags: torch.Tensor) -> dict[str, float]:

@@ -19,9 +19,10 @@ def keys(seed=0, s=192, h=2, d=64):
 def test_contiguous_reconstruction_is_the_caches_oscar_arithmetic():
     k = keys()
     v = torch.randn_like(k)
-    k_q, _, norms = pack_block(k, v, quant.get_method("oscar"), hadamard(64))
+    method = quant.get_method("oscar")
+    k_q, _, norms = pack_block(k, v, method, hadamard(64))
     cache_k = (k_q.dequantize() * norms[:, None, :, None]) @ hadamard(64)
-    ours = diag.reconstruct_keys(k, diag.contiguous_groups(192, 32))
+    ours = diag.reconstruct_keys(k, diag.contiguous_groups(192, 32), zero_point=method.zero_point)
     torch.testing.assert_close(ours, cache_k, rtol=0, atol=1e-6)
 
 
@@ -68,3 +69,38 @@ def test_per_modality_error():
     x_hat[0, 0, 3] = 0
     err = diag.per_modality_error(x, x_hat, torch.tensor([0, 0, 1, 1]))
     assert err == {"all": 0.25, "text": 0.0, "image": 0.5}
+
+
+def test_value_reconstruction_is_the_caches_arithmetic():
+    """OScaR's values: rotated, 2-bit per token over 32-channel groups, rotated back (pack_block, rotated online);
+    without the rotation, KIVI's per-token values."""
+    k = keys(seed=2)
+    v = keys(seed=3)
+    method = quant.get_method("oscar")
+    _, v_q, _ = pack_block(k, v, method, hadamard(64))
+    ours = diag.reconstruct_values(v, zero_point=method.zero_point)
+    torch.testing.assert_close(ours, v_q.dequantize() @ hadamard(64), rtol=0, atol=1e-6)
+    from quant.packed import quantize
+
+    kivi = quantize(v, 2, 32, axis=-1).dequantize()  # KIVI's own float zero point
+    torch.testing.assert_close(diag.reconstruct_values(v, rotation=False), kivi, rtol=0, atol=0)
+
+
+def test_token_errors():
+    x = torch.ones(1, 2, 3, 2)
+    x_hat = x.clone()
+    x_hat[0, :, 1] = 0.5  # half of every entry of token 1
+    x_hat[0, 0, 2] = 0.0  # all of one head of token 2
+    assert diag.token_errors(x, x_hat).tolist() == pytest.approx([0.0, 0.5, 0.5 ** 0.5])
+    assert diag.token_errors(torch.zeros(1, 1, 2, 2), torch.ones(1, 1, 2, 2)).tolist() == [0.0, 0.0]
+
+
+def test_outlier_tokens_are_named_against_their_modalitys_median():
+    """A first token with 2/9 of the others' norm, and an image token at 3x the image median: both named, the
+    farthest first; a 1.5x token is not an outlier."""
+    norms = torch.tensor([2.0, 9.0, 9.0, 9.0, 13.5, 20.0, 20.0, 60.0, 20.0])
+    tags = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1, 1])
+    out = diag.outlier_tokens(norms, tags)
+    assert [(o["position"], o["modality"]) for o in out] == [(0, "text"), (7, "image")]
+    assert out[0]["ratio"] == pytest.approx(2 / 9) and out[1]["ratio"] == pytest.approx(3.0)
+    assert diag.outlier_tokens(norms, tags, factor=1.0, limit=1)[0]["position"] == 0  # the farthest of all
