@@ -1,7 +1,7 @@
 """Result files: the JSON Schema, validation on write and read, predictable paths, resume, migration.
 
 Layout (relative to the repository root, all predictable from the run's names):
-    results/runs/<task>[.<data>]/<model>/<method>.json          final result (schema: results/schema.json)
+    results/runs/<task>[.<data>]/<model>/<method>.json          final result (schema: harness/schema.json)
     results/runs/<task>[.<data>]/<model>/<method>.partial.jsonl progress while running (git-ignored)
 `<data>` is omitted for the official data and is `generated` or `custom` otherwise, so runs on the
 project's small generated sets never overwrite runs on the real benchmark.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.resources
 import json
 import math
 import os
@@ -28,7 +29,7 @@ from typing import Any, Callable, Iterable
 import jsonschema
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCHEMA_PATH = REPO_ROOT / "results" / "schema.json"
+SCHEMA_PATH = Path(str(importlib.resources.files("harness"))) / "schema.json"  # package data, in the wheel too
 SCHEMA_VERSION = 1
 RUNS_DIR = Path("results") / "runs"
 # Metrics where smaller is better; a task may add names with a `lower_is_better` attribute.
@@ -459,7 +460,11 @@ def cpu_name() -> str | None:
 
 
 def git_state() -> tuple[str | None, bool | None]:
-    """(HEAD commit, tracked files modified?) of the checkout holding this code; (None, None) outside git."""
+    """(HEAD commit, tracked files modified?) of the checkout holding this code; (None, None) outside one (an
+    installed wheel: the folder above the package is site-packages, which may sit inside some other repository)."""
+    if not (REPO_ROOT / ".git").exists():
+        return None, None
+
     def git(*args):
         return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10)
 

@@ -236,7 +236,7 @@ def _run_items(ctx: RunContext, adapter, progress: R.Progress) -> None:
 
 
 def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resamples: int) -> dict[str, Any]:
-    """Assemble the schema-v1 result of one finished run (see results/schema.json)."""
+    """Assemble the schema-v1 result of one finished run (see harness/schema.json)."""
     metrics, categories = aggregate_with_ci(ctx.task, records, n_resamples, ctx.seed)
     primary = getattr(ctx.task, "primary_metric", None) or next(iter(metrics))
     if primary not in metrics:

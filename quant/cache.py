@@ -102,9 +102,9 @@ def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer
     Methods that need the model (RotateKV: its RoPE, sink hooks, calibration with `tokenizer`) get it
     through their `prepare` hook. With a model, a method whose values' rotation lives in the weights
     (`method.folds_values`) gets it folded in and any other method gets them restored (quant/fold.py): the model
-    then suits this cache's method. `kernels`: the run's kernel options (default: the defaults); a method with a
-    kernel decode (`method.kernel_decode`) decodes on them when the model sits on a GPU or they name a kernel
-    backend.
+    then suits this cache's method. `kernels`: the run's kernel options (default: the defaults); a method with
+    fixed-shape decode steps (`method.fixed_shape_decode`: OScaR's kernel path, BF16's buffers) takes them when the
+    model sits on a GPU or the options name a kernel backend.
     """
     method = get_method(method, **overrides)
     cfg = text_config(config if config is not None else model)
@@ -123,16 +123,16 @@ def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer
         if model is None:
             raise ValueError(f"{method.name or method.method} needs the model itself: make_cache(method, model, tokenizer=...)")
         prepare(model, tokenizer, cache.shared)
-    if method.kernel_decode and model is not None and use_fast_decode(cache.kernels, model):
+    if method.fixed_shape_decode and model is not None and use_fast_decode(cache.kernels, model):
         cache.state.fast_decode = True
     return cache
 
 
 def use_fast_decode(kernels: KernelOptions, model) -> bool:
-    """A method with a kernel decode takes it when the model sits on a GPU (or the kernel options name a kernel
-    backend). The model's text attention is switched to the "oscar_packed" function, which is SDPA for
-    everything but packed decode steps. Batches must be unpadded on this path (the kernels take per-sequence
-    lengths, not left padding)."""
+    """A method with fixed-shape decode steps (the kernel path, BF16's buffers) takes them when the model sits on a
+    GPU (or the kernel options name a kernel backend). The model's text attention is switched to the "oscar_packed"
+    function, which is SDPA for everything but those steps. Only single sequences take them (the kernels take
+    per-sequence lengths, not left padding)."""
     device = next(model.parameters()).device
     if kernels.backend_for(device) == "torch":
         return False

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from quant.kernels.hf_decode import PackedStep
+
 
 class GenerationClock:
     """A transformers streamer (put / end) that stamps the prompt hand-over, the first new token and the end."""
@@ -65,7 +67,7 @@ class KernelSteps:
 
             def update(*args, **kwargs):
                 out = self._update(*args, **kwargs)
-                if not isinstance(out[0], torch.Tensor):  # a PackedStep: the fused kernels attend over the codes
+                if isinstance(out[0], PackedStep):  # the fused kernels attend over the codes (BF16's DenseStep: no)
                     self.count += 1
                 return out
 

@@ -2,7 +2,8 @@
 
 `packed_attention` is an AttentionInterface function ("oscar_packed"): when a cache layer hands it a
 `PackedStep` (packed K/V plus lengths; quant.methods.oscar.OScaRLayer on the kernel path) instead of key/value
-tensors, it runs the decode kernel; otherwise it is SDPA.
+tensors, it runs the decode kernel; given a `DenseStep` (BF16's fixed buffers plus lengths), SDPA over the buffers
+with a length mask; otherwise it is SDPA.
 """
 from __future__ import annotations
 
@@ -26,6 +27,26 @@ class PackedStep:
     wide: bool = True  # the run's KernelOptions.wide_decode
 
 
+@dataclass
+class DenseStep:
+    """What a fixed-shape BF16 layer hands the attention function: K, V buffers [B, H, capacity, D] and the valid
+    tokens per sequence, int32 [B] on the device."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    lengths: torch.Tensor
+
+
+def dense_step_attention(query, step: DenseStep, scaling: float) -> torch.Tensor:
+    """SDPA of query [B, Hq, Lq, D] over a DenseStep's buffers, tokens at or past each sequence's length masked
+    (Lq = 1: every valid token is in the past). Returns [B, Hq, Lq, D]."""
+    pos = torch.arange(step.k.shape[-2], device=query.device)
+    mask = (pos[None, :] < step.lengths[:, None])[:, None, None, :]
+    return torch.nn.functional.scaled_dot_product_attention(query, step.k.to(query.dtype), step.v.to(query.dtype),
+                                                            attn_mask=mask, scale=scaling,
+                                                            enable_gqa=query.shape[1] != step.k.shape[1])
+
+
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """AttentionInterface function: PackedStep or PackedKV (what a cache layer's update returns at decode)
     -> decode kernel (backend: quant.kernels.default_backend unless the step names one); tensors -> SDPA.
@@ -37,6 +58,8 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
         return out.transpose(1, 2).contiguous(), None
     if isinstance(key, PackedKV):
         return decode_attention(query, key, scaling).transpose(1, 2).contiguous(), None
+    if isinstance(key, DenseStep):
+        return dense_step_attention(query, key, scaling).transpose(1, 2).contiguous(), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,

@@ -95,6 +95,12 @@ class MethodConfig:
         return False
 
     @property
+    def fixed_shape_decode(self) -> bool:
+        """Whether its layers have fixed-shape decode steps on a GPU (the same shapes and addresses every step, so
+        quant.kernels.graph_decode replays them as CUDA graphs): the kernel path, or BF16's preallocated buffers."""
+        return self.kernel_decode
+
+    @property
     def window(self) -> int:
         """R, the newest tokens kept in full precision (block flush); 0 = none (every token quantized when stored)."""
         return int(getattr(self, "residual_length", 0))

@@ -1,4 +1,11 @@
-"""BF16 (reference): the plain cache on the same code path as every quantized method."""
+"""BF16 (reference): the plain cache on the same code path as every quantized method.
+
+On a GPU its decode steps take the same machinery as OScaR's kernel path (quant.cache.use_fast_decode): K/V live in
+preallocated buffers that grow by GROW tokens, each step writes its token at a device-side length and hands the
+attention function the whole buffer with the lengths (quant.kernels.hf_decode.DenseStep, SDPA with a length mask),
+so a step has the same shapes and addresses every time and quant.kernels.graph_decode replays it as a CUDA graph.
+A comparison of decode speed then sets graphs against graphs, not graphs against eager steps.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,13 +24,80 @@ class BF16Config(MethodConfig):
     def validate(self):
         check(self.dtype in ("model", "bfloat16", "float16", "float32"), f"bf16.dtype must be model|bfloat16|float16|float32, got {self.dtype!r}")
 
+    def exact_chunk(self, position):
+        return 1 << 30  # stored as given: any chunk sees what its decode steps would
+
+    @property
+    def fixed_shape_decode(self) -> bool:
+        return True
+
     def make_layer(self, ctx):
         return BF16Layer(self, ctx)
+
+
+GROW = 256  # tokens a fixed-shape buffer grows by (one eager step each time)
 
 
 class BF16Layer(QuantLayer):
     keys: torch.Tensor | None
     values: torch.Tensor | None
+
+    def __init__(self, config, ctx):
+        super().__init__(config, ctx)
+        self.keys = self.values = None
+        self._buf: tuple[torch.Tensor, torch.Tensor] | None = None  # the fixed-shape decode's K/V buffers
+        self._len: torch.Tensor | None = None  # int32 [B]: valid tokens, on the device
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Single-sequence decode steps on a GPU (the cache's fast_decode) write into the fixed buffers and hand the
+        attention function a DenseStep; everything else is the plain path."""
+        if (key_states.shape[-2] == 1 and key_states.shape[0] == 1 and self.ctx.state.fast_decode
+                and self.is_initialized):
+            return self._fixed_step(key_states, value_states), None
+        self._buf = None  # the plain path concatenates: a later fixed step copies into new buffers
+        return super().update(key_states, value_states, *args, **kwargs)
+
+    def _fixed_step(self, k, v):
+        from quant.kernels.hf_decode import DenseStep
+
+        if self._buf is None or self.seen + 1 > self._buf[0].shape[-2]:
+            self._open_buffers(self.seen + 1)
+        pos = self._len.long()
+        dt = self._store_dtype()
+        self._buf[0].index_copy_(2, pos, k.to(dt))
+        self._buf[1].index_copy_(2, pos, v.to(dt))
+        self._len.add_(1)
+        self.advance_host()
+        return DenseStep(self._buf[0], self._buf[1], self._len)
+
+    def _open_buffers(self, need: int):
+        """Buffers of room for `need` tokens rounded up to GROW, holding what is stored (an eager step)."""
+        b, h, n, d = self.keys.shape
+        cap = -(-need // GROW) * GROW
+        self._buf = tuple(torch.zeros(b, h, cap, d, dtype=x.dtype, device=x.device) for x in (self.keys, self.values))
+        self._buf[0][:, :, :n] = self.keys
+        self._buf[1][:, :, :n] = self.values
+        self._len = torch.full((b,), n, dtype=torch.int32, device=self.keys.device)
+        self.keys, self.values = self._buf[0][:, :, :n], self._buf[1][:, :, :n]
+
+    def graph_ready(self) -> bool:
+        """Whether the next decode step is the same device work as the last: the buffers are open and have room."""
+        return self._buf is not None and self.seen + 1 <= self._buf[0].shape[-2]
+
+    def advance_host(self):
+        """The host's share of a step whose device work (write, length + 1) ran or was replayed."""
+        self.seen += 1
+        self.keys, self.values = self._buf[0][:, :, :self.seen], self._buf[1][:, :, :self.seen]
+
+    def host_state(self):
+        return self.keys, self.values, self.seen
+
+    def set_host_state(self, state):
+        self.keys, self.values, self.seen = state
+
+    def reset(self) -> None:
+        super().reset()
+        self._buf = None
 
     def _store_dtype(self):
         return self.dtype if self.config.dtype == "model" else getattr(torch, self.config.dtype)

@@ -117,3 +117,30 @@ def test_decode_mask_is_none_only_for_unpadded_single_token_steps():
     assert got is not None and torch.equal(got, want)
     got, want = hf_decode.decode_mask(1, 5, 40, q_offset=35), sdpa_mask(1, 5, 40, q_offset=35)
     assert (got is None and want is None) or torch.equal(got, want)
+
+
+def test_bf16_fixed_buffers_decode_as_the_plain_cache():
+    """BF16 on the fast path (fixed buffers, a DenseStep per step, SDPA with a length mask) gives the plain cache's
+    logits, across a buffer growth at 256 tokens, and says which steps a CUDA graph may replay."""
+    model = tiny_qwen3()
+    prompt = torch.randint(0, 128, (1, 250), generator=torch.Generator().manual_seed(4)).to(DEV)
+    plain = make_cache("bf16", model, kernels=KernelOptions(backend="torch"))
+    assert not plain.state.fast_decode
+    ref = decode_logits(model, plain, prompt, 10)
+    fixed = make_cache("bf16", model, kernels=KernelOptions(backend="triton"))
+    assert fixed.state.fast_decode
+    ready = []
+    out = model(prompt, past_key_values=fixed, use_cache=True)
+    logits, tok = [out.logits[:, -1]], out.logits[:, -1:].argmax(-1)
+    for _ in range(10):
+        ready.append(fixed.layers[0].graph_ready())
+        out = model(tok, past_key_values=fixed, use_cache=True)
+        logits.append(out.logits[:, -1])
+        tok = out.logits[:, -1:].argmax(-1)
+    torch.testing.assert_close(torch.stack(logits, 1).float(), ref.float(), rtol=1e-4, atol=1e-4)
+    # the first step opens the buffers (room for 256), the step of token 257 grows them: both eager
+    assert ready == [False, True, True, True, True, True, False, True, True, True]
+    layer = fixed.layers[0]
+    assert layer._buf[0].shape[-2] == 512 and layer.keys.shape[-2] == 260 == int(layer._len[0])
+    assert fixed.nbytes()["total"] == plain.nbytes()["total"]
+    model.set_attn_implementation("sdpa")
