@@ -4,7 +4,8 @@ Inputs: every result file under results/runs/ (validated; an invalid file stops 
 published numbers in results/paper.json (their own tables, marked published, never merged with measured rows) and the
 reference `make bench` JSON of each GPU kind, results/bench/<gpu-kind>.json.
 Outputs: results/LEADERBOARD.md, the README's results section (the text between README_START and README_END is
-replaced by the markdown) and results/leaderboard/index.html (harness.report_html; built, not committed).
+replaced by the short markdown: results of trained weights, speed and memory, a pointer to the rest) and
+results/leaderboard/index.html (harness.report_html; built, not committed).
 
 Order, for a reader: measured results of trained weights; speed and memory of each GPU kind; published numbers; then,
 collapsed, the pipeline checks: results of models without trained weights (tiny replicas, or real shapes with random
@@ -53,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
     md = markdown(board)
     Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
     Path(args.markdown).write_text(md, encoding="utf-8")
-    updated = update_readme(Path(args.readme), md)
+    updated = update_readme(Path(args.readme), markdown(board, short=True))
     from harness import report_html
 
     html_path = report_html.write(Path(args.html), board)
@@ -260,8 +261,8 @@ def paper_tables(paper: dict[str, Any]) -> list[Table]:
         labels = bench.get("method_labels", {})
         sub = bool(bench.get("submetrics"))
         header = ["model"] + (["metric"] if sub else []) + [labels.get(m, m) for m in bench["methods"]]
-        rows = [[row["model"]] + ([row["submetric"]] if sub else []) + [fmt(row["values"].get(m)) for m in bench["methods"]]
-                for row in bench["rows"]]
+        rows = [[row["model"]] + ([row["submetric"]] if sub else [])
+                + [fmt(row["values"].get(m)) for m in bench["methods"]] for row in bench["rows"]]
         out.append(Table(f"{bench['task']} — {bench['metric']} (published)", header, rows))
     return out
 
@@ -285,7 +286,8 @@ def e2e_table(gpu: str, data: dict[str, Any]) -> Table | None:
         rows.append([f"{ctx // 1024}K" + (" (largest batch that fits)" if largest else ""),
                      f"{bf['batch']} / {oq['batch']}", fmt(bf.get("graph_step_ms"), 3), fmt(oq.get("graph_step_ms"), 3),
                      fmt(tps[0], 3), fmt(tps[1], 3), ratio_text(bench_check.ratio(tps[1], tps[0])),
-                     gib(bf.get("kv_bytes")), gib(oq.get("kv_bytes")), gib(bf.get("peak_bytes")), gib(oq.get("peak_bytes"))])
+                     gib(bf.get("kv_bytes")), gib(oq.get("kv_bytes")),
+                     gib(bf.get("peak_bytes")), gib(oq.get("peak_bytes"))])
     if not rows:
         return None
     header = ["context", "batch BF16 / OScaR", "step ms BF16", "step ms OScaR", "tok/s BF16", "tok/s OScaR",
@@ -312,7 +314,8 @@ SHAPE_ORDER = ("qwen3-8b", "llava-7b", "qwen3-omni-thinker")
 
 
 def kernel_table(gpu: str, data: dict[str, Any]) -> Table | None:
-    """Decode attention per point (shape, batch, context): CUDA graph replay times in us, a column per KERNEL_COLUMNS."""
+    """Decode attention per point (shape, batch, context): CUDA graph replay times in us, a column per
+    KERNEL_COLUMNS."""
     points = [k for k in data.get("kernels") or [] if "error" not in k]
     points.sort(key=lambda k: (shape_rank(k.get("shape")), k.get("batch", 0), k.get("context", 0)))
     rows = [[str(k.get("shape")), str(k.get("batch")), str(k.get("context"))]
@@ -357,12 +360,16 @@ def md_table(t: Table) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in esc[1:]])
 
 
-def markdown(board: Board) -> str:
+def markdown(board: Board, short: bool = False) -> str:
+    """results/LEADERBOARD.md; short: the README's section, which stops after the speed and memory tables and points
+    to the rest."""
     parts = [board.intro]
     if not board.results:
         parts.append(NO_RESULTS)
     parts += [f"### {t.title}\n\n{md_table(t)}" for t, _ in board.results]
     parts += [f"### Speed and memory: {s.e2e.title}\n\n{md_table(s.e2e)}\n\n{s.e2e.note}" for s in board.speed if s.e2e]
+    if short:
+        return "\n\n".join(parts + [README_MORE.format(n=sum(len(t.rows) for t in board.checks))]) + "\n"
     if board.published:
         parts.append(f"### Published numbers (not measured here)\n\nSource: {board.source}.")
         parts += [f"#### {t.title}\n\n" + md_table(t) for t, _ in board.published]
@@ -373,8 +380,12 @@ def markdown(board: Board) -> str:
 
 
 INTRO = ("Built by `make leaderboard` from {n} result files under `results/runs/` and the bench reference of each GPU "
-         "kind under `results/bench/`. Intervals: percentile bootstrap over items; failed: items that ended in an error.")
+         "kind under `results/bench/`. Intervals: percentile bootstrap over items; failed: items that ended in an "
+         "error.")
 NO_RESULTS = "No results of trained weights yet: `make eval MODEL=<model> QUANT=<method>` writes one."
+README_MORE = ("The paper's published numbers, the kernel targets and {n} pipeline checks (models without trained "
+               "weights) are in [results/LEADERBOARD.md](results/LEADERBOARD.md); `make leaderboard` also draws them "
+               "in results/leaderboard/index.html.")
 
 CHECKS_TITLE = ("Pipeline checks: {n} results of models without trained weights (tiny replicas or random weights): "
                 "they show that the code path runs, its speed and memory, not accuracy")

@@ -73,12 +73,17 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
                          "| commit |")  # no accuracy column for random weights
     assert len(checks) == 1 + 3
     order = [md.index(s) for s in ("### ppl · smollm2-135m", "### Speed and memory", "### Published numbers",
-                                   "<details><summary>Pipeline checks: 3 results", "#### ocrbench · tiny-model (generated data, tiny replica)")]
+                                   "<details><summary>Pipeline checks: 3 results",
+                                   "#### ocrbench · tiny-model (generated data, tiny replica)")]
     assert order == sorted(order) and md.rstrip().endswith("</details>")
     assert "| qwen3-vl-8b | 858 | 851 | 850 | 847 | 722 | 754 | 856 |" in md
     assert "858" not in md[:md.index("### Published numbers")]  # published numbers never enter the measured tables
     readme = Path("README.md").read_text()
-    assert "old" not in readme and md in readme and readme.endswith(f"{L.README_END}\n\n## After\n")
+    assert "old" not in readme and readme.endswith(f"{L.README_END}\n\n## After\n")
+    section = readme[readme.index(L.README_START):readme.index(L.README_END)]
+    assert md[:md.index("### Published numbers")] in section  # results and speed, as in LEADERBOARD.md
+    assert "Published numbers" not in section and "<details>" not in section
+    assert "3 pipeline checks (models without trained weights) are in [results/LEADERBOARD.md]" in section
 
 
 def test_speed_and_memory_come_from_each_gpu_kinds_reference(workdir):
