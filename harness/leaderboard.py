@@ -383,9 +383,9 @@ INTRO = ("Built by `make leaderboard` from {n} result files under `results/runs/
          "kind under `results/bench/`. Intervals: percentile bootstrap over items; failed: items that ended in an "
          "error.")
 NO_RESULTS = "No results of trained weights yet: `make eval MODEL=<model> QUANT=<method>` writes one."
-README_MORE = ("The paper's published numbers, the kernel targets and {n} pipeline checks (models without trained "
-               "weights) are in [results/LEADERBOARD.md](results/LEADERBOARD.md); `make leaderboard` also draws them "
-               "in results/leaderboard/index.html.")
+README_MORE = ("The paper's published numbers and {n} pipeline checks (models without trained weights) are in "
+               "[results/LEADERBOARD.md](results/LEADERBOARD.md); `make leaderboard` also writes "
+               "results/leaderboard/index.html, with plots, the decode-attention times and the kernel targets.")
 
 CHECKS_TITLE = ("Pipeline checks: {n} results of models without trained weights (tiny replicas or random weights): "
                 "they show that the code path runs, its speed and memory, not accuracy")
