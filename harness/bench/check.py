@@ -2,10 +2,11 @@
 against an older bench JSON of the same GPU (speed regressions between code versions fail loudly).
 
 Targets (the numbers the kernels must show on one H100, in one bench JSON): decode attention against the best BF16 of
-the same file at 1 x 128K and 16 x 32K (>= 4.5x), 64 x 4K (>= 3.5x) and 1 x 4K (not slower); effective bandwidth (packed bytes
-/ time, as a fraction of the device-to-device copy bandwidth) >= 0.75 at 1 x 128K and 16 x 32K; the pack of one
-decode step <= 10% of the attention at 32K; a 128K prefill packed at >= 50% of copy bandwidth; end to end (Qwen3-8B
-shape) a 1 x 128K step >= 1.6x faster, the largest batch that fits >= 4.5x the BF16 tokens/s, KV >= 5.3x smaller.
+the same file at 1 x 128K and 16 x 32K (>= 4.5x), 64 x 4K (>= 3.5x) and 1 x 4K (not slower); effective bandwidth
+(packed bytes / time, as a fraction of the device-to-device copy bandwidth) >= 0.75 at 1 x 128K and 16 x 32K; the
+pack of one decode step <= 10% of the attention at 32K; a 128K prefill packed at >= 50% of copy bandwidth; end to end
+(Qwen3-8B shape) a 1 x 128K step >= 1.6x faster, the largest batch that fits >= 4.5x the BF16 tokens/s, KV >= 5.3x
+smaller.
 
 Each decode target is read per model shape, with the graph time after both L2 flushes (dirty: do_bench's zero-fill;
 clean: a read-only flush, what a model's decode step sees) and beside the bare-stream ceiling of the same file
@@ -31,10 +32,13 @@ class BenchFileError(ValueError):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("new", help="a `make bench` JSON (the reference of a GPU kind: results/bench/<gpu>.json)")
-    p.add_argument("--against", default=None, help="an older bench JSON of the same GPU: report every change, "
+    p.add_argument("--against", default=None, help="an older bench JSON of the same GPU, or 'reference': the file "
+                   "under --reference-dir recorded on the same GPU; report every change, "
                    "fail (exit 1) on a slowdown beyond --max-slowdown")
     p.add_argument("--max-slowdown", default="5%", help="tolerated slowdown per point (default 5%%; run-to-run noise "
                    "of graph replays on one H100 is 1-2%%)")
+    p.add_argument("--reference-dir", default="results/bench", help="where --against reference looks: one "
+                   "<gpu-kind>.json per GPU kind")
     p.add_argument("--backend", default="cuda", help="the OScaR backend the targets are read for (cuda or triton)")
     p.add_argument("--require-targets", action="store_true", help="also fail (exit 1) when a target is missed")
     p.add_argument("--all", action="store_true", help="list every time of both runs, not only the gated ones that "
@@ -52,6 +56,18 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not any(k in data for k in ("kernels", "e2e", "generate")):
         raise BenchFileError(f"{p}: not a `make bench` result (no kernels, e2e or generate section)")
     return data
+
+
+def reference_for(data: dict, reference_dir: Path) -> Path:
+    """The reference bench JSON under reference_dir recorded on the same GPU as `data` (environment.device)."""
+    device = (data.get("environment") or {}).get("device")
+    files = sorted(reference_dir.glob("*.json")) if reference_dir.is_dir() else []
+    for path in files:
+        if (load(path).get("environment") or {}).get("device") == device:
+            return path
+    kinds = ", ".join(p.name for p in files) or "none"
+    raise BenchFileError(f"no reference for {device} under {reference_dir}/ (there: {kinds}); commit this GPU's "
+                         f"bench JSON as {reference_dir}/<gpu-kind>.json to gate against it")
 
 
 def parse_slowdown(text: str) -> float:
@@ -245,7 +261,8 @@ def _timings(data: dict) -> dict[tuple, tuple[float, bool]]:
                 out[("kernel", key, *point)] = (float(v), True)
             elif key == "pack_prefill_us":
                 out[("kernel", key, *point)] = (float(v), float(v) >= GPU_BOUND_PACK_US)
-            elif key.startswith("sdpa_") or (key.startswith("oscar_") and key.endswith("_us")) or key == "pack_block128_us":
+            elif (key.startswith("sdpa_") or (key.startswith("oscar_") and key.endswith("_us"))
+                  or key == "pack_block128_us"):
                 out[("kernel", key, *point)] = (float(v), False)
     for r in data.get("e2e") or []:
         if "error" not in r and num(r.get("graph_step_ms")) is not None:
@@ -313,8 +330,8 @@ def format_changes(rows: list[dict], max_slowdown: float, show_all: bool = False
     if n_reg:
         lines.append("re-measure a flagged point before blaming the code (oscar-eval bench --what kernels --shapes S "
                      "--points BxT, on a fresh machine if it repeats): at LLaVA 16 x 32K the graph replay after "
-                     "do_bench's flush has taken 607 or 682-684 us by process and machine with the same code, its eager "
-                     "and clean times steady")
+                     "do_bench's flush has taken 607 or 682-684 us by process and machine with the same code, its "
+                     "eager and clean times steady")
     lines.append(f"{len(rows)} times in both runs, {len(gated)} of them gated (GPU-bound OScaR times: geometric mean "
                  f"change {100 * geo:+.1f}%, {n_reg} regression(s) beyond {100 * max_slowdown:g}%)"
                  + ("" if show_all else "; --all lists every time, the BF16 baselines and eager times too"))
@@ -335,6 +352,8 @@ def main(args) -> int:
         if args.require_targets and any(r["status"].startswith("MISSED") for r in targets):
             code = 1
         if args.against:
+            if args.against == "reference":
+                args.against = str(reference_for(new, Path(args.reference_dir)))
             old = load(args.against)
             changes = compare(old, new, max_slowdown)
             print(f"\nagainst {args.against} ({old.get('date', '')}):")

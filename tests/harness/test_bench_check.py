@@ -177,6 +177,18 @@ def test_cli_exit_status(tmp_path, capsys):
     assert "REGRESSION" in capsys.readouterr().out
 
 
+def test_against_the_reference_of_the_same_gpu(tmp_path, capsys):
+    """--against reference finds the committed JSON recorded on the new file's GPU, and names the files it has when
+    none matches."""
+    new = write(tmp_path / "new.json", bc.load(REFERENCE))
+    assert cli(["bench-check", new, "--against", "reference", "--reference-dir", str(REFERENCE.parent)]) == 0
+    assert f"against {REFERENCE.parent}/h100.json" in capsys.readouterr().out
+    h200 = write(tmp_path / "h200.json", bench_file("NVIDIA H200"))
+    assert cli(["bench-check", h200, "--against", "reference", "--reference-dir", str(REFERENCE.parent)]) == 2
+    out = capsys.readouterr().out
+    assert "no reference for NVIDIA H200" in out and "(there: h100.json" in out
+
+
 def test_bad_inputs(tmp_path, capsys):
     cut = write(tmp_path / "cut.json", {})
     Path(cut).write_text('{"kernels": [')
