@@ -26,8 +26,9 @@ def real(result: dict) -> dict:
 
 @pytest.fixture()
 def workdir(tmp_path, monkeypatch):
-    """A results tree: 3 OCRBench methods on a tiny replica (pipeline checks), 2 perplexity methods of trained weights
-    (kivi with 2 failed items), the paper's numbers and the H100 bench reference."""
+    """A results tree: 3 OCRBench methods on a tiny replica and one perplexity result of a real architecture with
+    random weights (pipeline checks), 2 perplexity methods of trained weights (kivi with 2 failed items), the paper's
+    numbers and the H100 bench reference."""
     monkeypatch.chdir(tmp_path)
     shutil.copy(REPO / "results" / "paper.json", tmp_path / "paper.json")
     Path("results/bench").mkdir(parents=True)
@@ -44,6 +45,11 @@ def workdir(tmp_path, monkeypatch):
             r["samples"][2]["error"] = "RuntimeError: out of memory"
             r["n_errors"] = 2
         R.write_result(r, R.run_path("ppl", "generated", "smollm2-135m", method))
+    shaped = real(make_result("oscar", [99.0, 98.0], metric="ppl", higher_is_better=False, task="ppl",
+                              model="qwen3-8b"))
+    shaped["model"]["weights"] = "random"
+    shaped["system"].update(items_per_s=2.5, kernel_step_share=1.0)
+    R.write_result(shaped, R.run_path("ppl", "generated", "qwen3-8b.random", "oscar"))
     Path("README.md").write_text(f"# x\n\n## Results\n{L.README_START}\nold\n{L.README_END}\n\n## After\n")
     return tmp_path
 
@@ -72,8 +78,11 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
     assert checks[0] == ("| method | items | failed | bits/elt | KV KiB/item | vs bf16 | tok/s | peak memory | device "
                          "| commit |")  # no accuracy column for random weights
     assert len(checks) == 1 + 3
+    shaped = t["ppl · qwen3-8b (generated data, random weights)"]
+    assert "items/s" in shaped[0] and "| 2.5 | 100% |" in shaped[1] and "99" not in shaped[1]  # no perplexity
+    assert "qwen3-8b" not in md[:md.index("<details>")]  # never in an accuracy table
     order = [md.index(s) for s in ("### ppl · smollm2-135m", "### Speed and memory", "### Published numbers",
-                                   "<details><summary>Pipeline checks: 3 results",
+                                   "<details><summary>Pipeline checks: 4 results",
                                    "#### ocrbench · tiny-model (generated data, tiny replica)")]
     assert order == sorted(order) and md.rstrip().endswith("</details>")
     assert "| qwen3-vl-8b | 858 | 851 | 850 | 847 | 722 | 754 | 856 |" in md
@@ -83,7 +92,7 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
     section = readme[readme.index(L.README_START):readme.index(L.README_END)]
     assert md[:md.index("### Published numbers")] in section  # results and speed, as in LEADERBOARD.md
     assert "Published numbers" not in section and "<details>" not in section
-    assert "published numbers and 3 pipeline checks (models without trained weights) are in [results/LEADERBOARD.md]" \
+    assert "published numbers and 4 pipeline checks (models without trained weights) are in [results/LEADERBOARD.md]" \
         in section
 
 
