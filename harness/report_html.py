@@ -22,7 +22,8 @@ table{border-collapse:collapse;margin:.5em 0 1em;font-size:14px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}
 table.targets td:nth-child(2),table.targets td:last-child{text-align:left}
-table.kernels th,table.targets th,table.e2e th{font-size:12px}table.targets td{white-space:nowrap}tr.missed td{background:#fde8e8}
+table.kernels th,table.targets th,table.e2e th{font-size:12px}table.targets td{white-space:nowrap}
+tr.missed td{background:#fde8e8}
 section{margin-bottom:2.5em}img.plot{max-width:100%;border:1px solid #eee}p.note{font-size:13px;color:#555}
 .badge{display:inline-block;padding:1px 8px;border-radius:4px;font-size:12px;font-weight:600;color:#fff}
 .measured-badge{background:#2a7}.published-badge{background:#c60}.check-badge{background:#777}
@@ -207,8 +208,9 @@ def memory_plot(data: dict[str, Any]) -> str | None:
                                    f"{pairs[(big, ctx)]['oscar']['batch']} seqs" if big else "") for big, ctx in keys]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     x = np.arange(len(keys))
-    for ax, (what, get) in zip(axes, [("KV cache (GiB)", lambda r: r.get("kv_bytes", np.nan) / 2**30),
-                                      ("decode tokens/s", lambda r: r.get("graph_tokens_per_s", r.get("tokens_per_s", np.nan)))]):
+    panels = [("KV cache (GiB)", lambda r: r.get("kv_bytes", np.nan) / 2**30),
+              ("decode tokens/s", lambda r: r.get("graph_tokens_per_s", r.get("tokens_per_s", np.nan)))]
+    for ax, (what, get) in zip(axes, panels):
         for k, (kind, label, colour) in enumerate([("bf16", "BF16", "#555555"), ("oscar", "OScaR INT2", "#d62728")]):
             vals = [get(pairs[key][kind]) for key in keys]
             bars = ax.bar(x + (k - 0.5) * 0.38, vals, 0.38, color=colour, label=label)
