@@ -3,6 +3,7 @@
 Layout (relative to the repository root, all predictable from the run's names):
     results/runs/<task>[.<data>]/<model>/<method>.json          final result (schema: harness/schema.json)
     results/runs/<task>[.<data>]/<model>/<method>.partial.jsonl progress while running (git-ignored)
+    results/runs/<task>[.<data>]/<model>/<method>.rank<r>.partial.jsonl  rank r's, under torchrun (harness/distributed.py)
 `<data>` is omitted for the official data and is `generated` or `custom` otherwise, so runs on the
 project's small generated sets never overwrite runs on the real benchmark.
 
@@ -19,6 +20,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -63,10 +65,11 @@ def higher_is_better(metric: str, task: Any = None) -> bool:
 
 
 def data_kind(data: str | None) -> str:
-    """'official' for the benchmark's own data, 'generated' for the project's set, else 'custom'."""
+    """'official' for the benchmark's own data, 'generated' / 'generated-large' for the project's sets (the second
+    with items at the real benchmark's sizes), else 'custom'."""
     if data is None or data == "official":
         return "official"
-    return "generated" if data == "generated" else "custom"
+    return data if data in ("generated", "generated-large") else "custom"
 
 
 def task_dir(task_name: str, data: str | None) -> str:
@@ -81,9 +84,24 @@ def run_path(task_name: str, data: str | None, model: str, method: str, root: Pa
     return Path(root) / task_dir(task_name, data) / model / f"{method}.json"
 
 
-def progress_path(result_path: Path | str) -> Path:
+def progress_path(result_path: Path | str, rank: int | None = None) -> Path:
+    """The progress file of a result: <method>.partial.jsonl, or <method>.rank<r>.partial.jsonl for rank r of a
+    data-parallel run."""
     p = Path(result_path)
-    return p.with_name(p.name[: -len(".json")] + ".partial.jsonl" if p.name.endswith(".json") else p.name + ".partial.jsonl")
+    stem = p.name[: -len(".json")] if p.name.endswith(".json") else p.name
+    return p.with_name(f"{stem}.partial.jsonl" if rank is None else f"{stem}.rank{int(rank)}.partial.jsonl")
+
+
+def progress_paths(result_path: Path | str) -> list[Path]:
+    """The progress files of a result that exist now: the one-process file and every rank's, sorted."""
+    plain = progress_path(result_path)
+    stem = plain.name[: -len(".partial.jsonl")]
+    ranks = {}
+    for p in plain.parent.glob(f"{stem}.rank*.partial.jsonl"):
+        match = re.fullmatch(rf"{re.escape(stem)}\.rank(\d+)\.partial\.jsonl", p.name)
+        if match:
+            ranks[int(match.group(1))] = p
+    return ([plain] if plain.exists() else []) + [ranks[r] for r in sorted(ranks)]
 
 
 # ---------------------------------------------------------------- writing and reading final results
@@ -316,7 +334,7 @@ def notes(model: dict[str, Any], data: str | None) -> list[str]:
     elif model.get("weights") == "random":
         out.append("shape-real model with seeded random weights: speed, memory and the code path taken; its scores "
                    "mean nothing and never enter accuracy tables")
-    if data_kind(data) == "generated":
+    if data_kind(data).startswith("generated"):
         out.append("the project's generated test set in the benchmark's schema, not the benchmark's data")
     return out
 

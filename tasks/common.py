@@ -38,10 +38,14 @@ def ensure_built(name: str, build: Callable[[Path], Any], root: Path | None = No
 
 
 def load_items(data: str | None, limit: int | None, *, load_path: Callable[[Path], list],
-               load_official: Callable[[], list], generated: Callable[[], Path]) -> list[dict[str, Any]]:
-    """Items from `data`: None = official data, "generated" = the generated set, else a path."""
+               load_official: Callable[[], list], generated: Callable[[], Path],
+               generated_large: Callable[[], Path] | None = None) -> list[dict[str, Any]]:
+    """Items from `data`: None = official data, "generated" = the generated set, "generated-large" = that set with
+    items at the real benchmark's sizes (long prompts: for speed and memory), else a path."""
     if data == "generated":
         items = load_path(generated())
+    elif data == "generated-large" and generated_large is not None:
+        items = load_path(generated_large())
     elif data is None:
         items = load_official()
     else:

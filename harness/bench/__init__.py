@@ -392,10 +392,11 @@ def run_e2e(args) -> list[dict]:
 
 
 def generate_point(model, kind: str, ctx: int, new: int, kernels=None) -> dict:
-    """One greedy `generate` of `new` tokens after a random `ctx`-token prompt, the way `make eval` runs it: BF16 on
-    transformers' default cache ("bf16"), or quant.make_cache("oscar", model) on the kernel path with its decode steps
-    eager ("oscar-eager") or replayed as CUDA graphs ("oscar", quant.kernels.graph_decode). Wall times; decode
-    ms/token = (generate of `new` tokens - generate of 1 token) / (new - 1), the best of two of each."""
+    """One greedy `generate` of `new` tokens after a random `ctx`-token prompt, the way `make eval` runs it:
+    quant.make_cache(method, model) for "bf16" or "oscar" (BF16's fixed buffers, OScaR's kernel path), decode steps
+    replayed as CUDA graphs (quant.kernels.graph_decode), or eager for the "-eager" kinds. The same machinery for
+    both methods: the comparison is like for like. Wall times; decode ms/token = (generate of `new` tokens -
+    generate of 1 token) / (new - 1), the best of two of each."""
     import contextlib
 
     import torch
@@ -403,21 +404,20 @@ def generate_point(model, kind: str, ctx: int, new: int, kernels=None) -> dict:
     import quant
     from quant.kernels.graph_decode import GraphDecoder
 
+    method, eager = kind.removesuffix("-eager"), kind.endswith("-eager")
     prompt = torch.randint(0, model.config.vocab_size, (1, ctx), generator=torch.Generator().manual_seed(ctx))
     prompt = prompt.to("cuda")
     counts = {}
 
     def run(n: int) -> float:
-        cache = None if kind == "bf16" else quant.make_cache("oscar", model, kernels=kernels)  # folds V's rotation
-        if cache is None:
-            quant.fold.set_folded(model, False)
-        dec = GraphDecoder(model, cache) if kind == "oscar" else contextlib.nullcontext()
+        cache = quant.make_cache(method, model, kernels=kernels)  # OScaR's folds V's rotation into the weights
+        dec = contextlib.nullcontext() if eager else GraphDecoder(model, cache)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.inference_mode(), dec:
             model.generate(prompt, past_key_values=cache, max_new_tokens=n, min_new_tokens=n, do_sample=False)
         torch.cuda.synchronize()
-        if kind == "oscar":
+        if not eager:
             counts.update(dec.counts)
         return time.perf_counter() - t0
 
@@ -436,7 +436,7 @@ def run_generate(args) -> list[dict]:
     model = build_model(qwen3_8b_config(), kernels)
     rows = []
     for ctx in (int(c) for c in args.generate_contexts.split(",") if c):
-        for kind in ("bf16", "oscar-eager", "oscar"):
+        for kind in ("bf16-eager", "bf16", "oscar-eager", "oscar"):
             try:
                 rows.append(generate_point(model, kind, ctx, args.generate_tokens, kernels))
             except torch.cuda.OutOfMemoryError as err:

@@ -196,3 +196,53 @@ def build(target: Path, seed: int = SEED, per_category: int = ITEMS_PER_CATEGORY
 def ensure_generated(root: Path | None = None) -> Path:
     """The generated set's folder, built first when missing (see tasks.common.ensure_built)."""
     return ensure_built(f"ocrbench-generated-v{GENERATOR_VERSION}", build, root)
+
+
+# Canvas sizes (width, height) in the range of the real benchmark's images, whose sources are photographs and
+# document scans far larger than the word crops above: a TextVQA-style photo (1024 x 768), a FUNSD form scan
+# (762 x 1000), a SROIE-style receipt (1000 x 1800) and a DocVQA-style page (1700 x 2200). Image tokens grow with
+# the pixels (Qwen3-VL: one per 32 x 32 block; LLaVA-NeXT anyres: up to 5 tiles of 576), so these items carry the
+# real benchmark's prompt lengths: what memory and speed depend on.
+PAGE_SIZES = ((1024, 768), (762, 1000), (1000, 1800), (1700, 2200))
+PAGE_CATEGORIES = ("Scene Text-centric VQA", "Doc-oriented VQA", "Key Information Extraction",
+                   "Regular Text Recognition")
+
+
+def render_on_page(lines: list[str], font, size: tuple[int, int], seed: int, **options) -> bytes:
+    """`lines` rendered as in `render`, pasted at a random spot of a `size` page of paper-coloured noise."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    w, h = size
+    page = np.clip(rng.normal(236.0, 9.0, (h, w, 3)), 0, 255).astype(np.uint8)
+    image = Image.fromarray(page)
+    text = Image.open(io.BytesIO(render(lines, font, seed=seed, **options))).convert("RGB")
+    text.thumbnail((w - 8, h - 8))
+    image.paste(text, (int(rng.integers(0, w - text.width + 1)), int(rng.integers(0, h - text.height + 1))))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def build_large(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
+    """The generated set plus one item of each of PAGE_CATEGORIES on each of PAGE_SIZES (16 more), in the official
+    layout: for measuring speed and memory at the real benchmark's prompt lengths."""
+    records = build(target, seed)
+    rng = random.Random(seed + 1)
+    for size in PAGE_SIZES:
+        for category in PAGE_CATEGORIES:
+            source, question, answers, lines, options = MAKERS[category](rng, len(records))
+            font = options.pop("font")
+            rel = f"{source}/{len(records):04d}-{size[0]}x{size[1]}.png"
+            (target / "OCRBench_Images" / source).mkdir(parents=True, exist_ok=True)
+            png = render_on_page(lines, font, size, seed=rng.randrange(2**31), **options)
+            (target / "OCRBench_Images" / rel).write_bytes(png)
+            records.append({"dataset_name": source, "id": len(records), "image_path": rel, "question": question,
+                            "answers": answers[0] if len(answers) == 1 else answers, "type": category})
+    (target / "OCRBench.json").write_text(json.dumps(records, indent=1, ensure_ascii=False), encoding="utf-8")
+    return records
+
+
+def ensure_generated_large(root: Path | None = None) -> Path:
+    """The generated set with its page-sized items (`build_large`), built first when missing."""
+    return ensure_built(f"ocrbench-generated-large-v{GENERATOR_VERSION}", build_large, root)

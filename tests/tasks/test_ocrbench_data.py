@@ -113,3 +113,18 @@ def test_prompt_text_snapshot(generated):
     prompt = TASK.build_prompt(items["Doc-oriented VQA"])
     assert prompt.text == "What is the invoice number?" and len(prompt.images) == 1 and not prompt.audios
     assert TASK.version == VERSION == 1 and TASK.max_new_tokens == 128
+
+
+def test_large_set_adds_pages_of_the_real_image_sizes(tmp_path):
+    from PIL import Image
+
+    from harness.results import task_dir
+    from tasks.ocrbench.generate import PAGE_CATEGORIES, PAGE_SIZES, build_large
+
+    records = build_large(tmp_path)
+    pages = records[-len(PAGE_SIZES) * len(PAGE_CATEGORIES):]
+    assert len(records) == 30 + 16 and [r["id"] for r in records] == list(range(46))
+    sizes = [Image.open(tmp_path / "OCRBench_Images" / r["image_path"]).size for r in pages]
+    assert sizes == [s for s in PAGE_SIZES for _ in PAGE_CATEGORIES]
+    assert [r["type"] for r in pages] == list(PAGE_CATEGORIES) * len(PAGE_SIZES)
+    assert task_dir("ocrbench", "generated-large") == "ocrbench.generated-large"
