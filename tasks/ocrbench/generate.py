@@ -225,20 +225,24 @@ def render_on_page(lines: list[str], font, size: tuple[int, int], seed: int, **o
 
 
 def build_large(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
-    """The generated set plus one item of each of PAGE_CATEGORIES on each of PAGE_SIZES (16 more), in the official
-    layout: for measuring speed and memory at the real benchmark's prompt lengths."""
-    records = build(target, seed)
+    """One item of each of PAGE_CATEGORIES on each of PAGE_SIZES (16, first: `--limit 16` takes exactly them), then
+    the generated set, in the official layout: for measuring speed and memory at the real benchmark's prompt
+    lengths."""
     rng = random.Random(seed + 1)
+    pages = []
     for size in PAGE_SIZES:
         for category in PAGE_CATEGORIES:
-            source, question, answers, lines, options = MAKERS[category](rng, len(records))
+            source, question, answers, lines, options = MAKERS[category](rng, len(pages))
             font = options.pop("font")
-            rel = f"{source}/{len(records):04d}-{size[0]}x{size[1]}.png"
+            rel = f"{source}/page{len(pages):02d}-{size[0]}x{size[1]}.png"
             (target / "OCRBench_Images" / source).mkdir(parents=True, exist_ok=True)
             png = render_on_page(lines, font, size, seed=rng.randrange(2**31), **options)
             (target / "OCRBench_Images" / rel).write_bytes(png)
-            records.append({"dataset_name": source, "id": len(records), "image_path": rel, "question": question,
-                            "answers": answers[0] if len(answers) == 1 else answers, "type": category})
+            pages.append({"dataset_name": source, "image_path": rel, "question": question,
+                          "answers": answers[0] if len(answers) == 1 else answers, "type": category})
+    records = pages + build(target, seed)
+    for i, record in enumerate(records):
+        record["id"] = i
     (target / "OCRBench.json").write_text(json.dumps(records, indent=1, ensure_ascii=False), encoding="utf-8")
     return records
 

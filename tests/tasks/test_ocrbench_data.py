@@ -122,7 +122,7 @@ def test_large_set_adds_pages_of_the_real_image_sizes(tmp_path):
     from tasks.ocrbench.generate import PAGE_CATEGORIES, PAGE_SIZES, build_large
 
     records = build_large(tmp_path)
-    pages = records[-len(PAGE_SIZES) * len(PAGE_CATEGORIES):]
+    pages = records[:len(PAGE_SIZES) * len(PAGE_CATEGORIES)]
     assert len(records) == 30 + 16 and [r["id"] for r in records] == list(range(46))
     sizes = [Image.open(tmp_path / "OCRBench_Images" / r["image_path"]).size for r in pages]
     assert sizes == [s for s in PAGE_SIZES for _ in PAGE_CATEGORIES]
