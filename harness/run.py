@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import distributed as D
 from harness import results as R
 from harness import stats
 
@@ -62,7 +63,10 @@ def main(args: argparse.Namespace) -> int:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"oscar-eval eval: error: {message}", file=sys.stderr)
         return 2
-    print(summary_table(done))
+    finally:
+        D.finish()  # under torchrun: leave the process group (harness/distributed.py)
+    if D.ranks_from_env().main:
+        print(summary_table(done))
     return 0
 
 
@@ -109,16 +113,19 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
 
     `adapter` lets a caller that already holds a loaded adapter (tests, notebooks) skip loading; `kernels`
     (quant.kernels.KernelOptions, default: the defaults with `backend`) goes to the model and every cache.
+    Under torchrun each rank runs a shard of the items on its own device and rank 0 writes the results
+    (harness/distributed.py); every rank returns them.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be a positive number of items, got {limit}")
     spec, methods, task_obj = resolve(model, quant, task, backend, quant_opts)
+    ranks, device = D.start(device, device_map)
     from quant.kernels.options import KernelOptions
 
     kernels = kernels or KernelOptions()
     if backend:
         kernels = kernels.replace(backend=backend)
-    items = task_obj.load(data, limit)
+    items = D.main_first(ranks, lambda: task_obj.load(data, limit))  # rank 0 first: it builds a generated set
     if not items:
         raise ValueError(f"task {task_obj.name} loaded no items (data={data!r}, limit={limit})")
     if adapter is None:
@@ -132,11 +139,12 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     # record what will actually run: kernels on a GPU, the torch reference elsewhere
     backend = kernels.backend_for(next(adapter.model.parameters()).device)
     fingerprint = task_obj.data_fingerprint(items)
+    D.check_same(ranks, (fingerprint, model_info["weight_hash"]), "the items' fingerprint and the weight hash")
     written = []
     for method in methods:
         path = Path(out.format(task=R.task_dir(task_obj.name, data), model=R.model_dir(model_info), method=method.name))
         ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend, kernels)
-        written.append(run_method(ctx, adapter, path, restart, force, n_resamples))
+        written.append(run_method(ctx, adapter, path, restart, force, n_resamples, ranks))
     return written
 
 
@@ -159,25 +167,38 @@ class RunContext:
         }
 
 
-def run_method(ctx: RunContext, adapter, path: Path, restart: bool, force: bool, n_resamples: int) -> dict[str, Any]:
-    """Run (or resume, or skip when up to date) one method; write and return its result."""
+def run_method(ctx: RunContext, adapter, path: Path, restart: bool, force: bool, n_resamples: int,
+               ranks: D.Ranks = D.Ranks()) -> dict[str, Any]:
+    """Run (or resume, or skip when up to date) one method; write and return its result. Several ranks: each runs
+    its shard, rank 0 merges the records and writes the result (harness/distributed.py)."""
     if path.exists() and not (force or restart):
         existing = _up_to_date(path, ctx)
         if existing is not None:
-            print(f"{path}: up to date, skipped (--force reruns it)", file=sys.stderr)
+            if ranks.main:
+                print(f"{path}: up to date, skipped (--force reruns it)", file=sys.stderr)
             return existing
-    progress = R.open_progress(R.progress_path(path), ctx.identity(), restart=restart or force)
+    progress = D.open_progress(path, ctx.identity(), restart or force, ranks)
     R.reset_peak_memory()
     _seed_everything(ctx.seed)
-    _run_items(ctx, adapter, progress)
+    shard = D.shard(ctx.items, ranks)
+    _run_items(ctx, adapter, progress, shard, f" rank {ranks.rank}/{ranks.world_size}" if ranks.parallel else "")
     ids = [str(item["id"]) for item in ctx.items]
-    records = R.records_in_order(progress.records, ids)
+    figures = D.gather_figures(ranks, adapter, progress.records, shard)
+    records = D.gather_records(progress.records, shard, ids, ranks)
+    return D.on_main(ranks, lambda: _write(ctx, adapter, path, records, n_resamples, figures))
+
+
+def _write(ctx: RunContext, adapter, path: Path, records: list[dict[str, Any]], n_resamples: int,
+           figures: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Aggregate the finished run's records (all ranks'), write its result and remove the progress files."""
     if records and all("error" in r for r in records):  # a score of 0 would hide the cause
         raise RuntimeError(f"{ctx.task.name} with {ctx.method.name}: all {len(records)} items failed, no result written; "
                            f"first: {records[0]['error']} (fix it, then rerun with --restart)")
     result = build_result(ctx, adapter, records, n_resamples)
+    if figures is not None:
+        D.record_parallel(result, figures)
     R.write_result(result, path)
-    progress.remove()
+    D.remove_progress(path)
     print(f"{path}: written ({len(records)} items)", file=sys.stderr)
     return result
 
@@ -203,16 +224,19 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _run_items(ctx: RunContext, adapter, progress: R.Progress) -> None:
+def _run_items(ctx: RunContext, adapter, progress: R.Progress, items: list[dict[str, Any]] | None = None,
+               where: str = "") -> None:
+    """Run `items` (default: all of ctx.items; a rank: its shard) that `progress` has not recorded yet."""
     from tqdm import tqdm
 
     from harness.models.cost import take_item_cost
 
+    items = ctx.items if items is None else items
     done = progress.done_ids
-    todo = [item for item in ctx.items if str(item["id"]) not in done]
-    label = f"{ctx.model} {ctx.method.name} {ctx.task.name}"
+    todo = [item for item in items if str(item["id"]) not in done]
+    label = f"{ctx.model} {ctx.method.name} {ctx.task.name}{where}"
     errors = sum(1 for r in progress.records if "error" in r)
-    with tqdm(total=len(ctx.items), initial=len(ctx.items) - len(todo), desc=label, unit="item",
+    with tqdm(total=len(items), initial=len(items) - len(todo), desc=label, unit="item",
               file=sys.stderr, dynamic_ncols=True) as bar:
         for item in todo:
             take_item_cost(adapter)  # forget generate calls made outside the loop
@@ -305,6 +329,9 @@ def summary_table(results: list[dict[str, Any]]) -> str:
 
     lines += [f"{r['method']['name']}: {f['n']} of {len(r['samples'])} items failed ({why}); first: {f['first']}"
               for r in results for why, f in failure_summary(r["samples"]).items()]
+    lines += [f"{r['method']['name']}: {p['world_size']} ranks ({', '.join(p['devices'])}): {_fmt(p['items_per_s'])} items/s "
+              f"side by side, {_fmt(r['system']['items_per_s'])} per device"
+              for r in results for p in [r["system"].get("parallel")] if p]
     return "\n".join(lines)
 
 
