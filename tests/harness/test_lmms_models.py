@@ -1,6 +1,9 @@
 """The lmms-eval model classes on tiny replicas, through lmms-eval's own registry and request type."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -64,3 +67,14 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="model name"):
         lmms.OscarEvalLMM()
     assert lmms.cut_at_stops("a cat\n\nQ: next", ["\n\n"]) == "a cat"
+
+
+def test_entry_point_loads_after_our_module_without_a_cycle():
+    """Importing harness.lmms first (as the tests and `python -m` do) and then lmms-eval's model registry
+    once asked for `manifests` of a half-imported module; the registry must list every oscar model."""
+    code = ("import harness.lmms, lmms_eval.models as m; "
+            "print(sorted(k for k in m.AVAILABLE_MODELS if k.startswith('oscar')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Failed to load model entry-point" not in proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == str(["oscar_eval", "oscar_llava", "oscar_qwen3_omni", "oscar_qwen3_vl"])
