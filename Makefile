@@ -13,6 +13,9 @@ DATA  ?=
 MODEL_PATH ?=
 WEIGHTS ?=
 OPTS  ?=
+# GPUS=N (N > 1): torchrun starts N data-parallel ranks on this host, one per GPU (docs/GPUS.md); unset or 1: one process
+GPUS  ?=
+EVAL  := $(if $(filter-out 1,$(GPUS)),$(BIN)/torchrun --standalone --nproc-per-node $(GPUS) -m harness.cli,$(BIN)/oscar-eval)
 
 .PHONY: setup eval test tni bench bench-check leaderboard compare list clean
 
@@ -33,7 +36,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 eval: setup
-	$(BIN)/oscar-eval eval --model $(MODEL) --quant $(QUANT) $(if $(TASK),--task $(TASK)) \
+	$(EVAL) eval --model $(MODEL) --quant $(QUANT) $(if $(TASK),--task $(TASK)) \
 	  $(if $(LIMIT),--limit $(LIMIT)) $(if $(DATA),--data $(DATA)) $(if $(MODEL_PATH),--model-path $(MODEL_PATH)) \
 	  $(if $(WEIGHTS),--weights $(WEIGHTS)) $(OPTS)
 
@@ -47,7 +50,7 @@ bench: setup
 	$(BIN)/oscar-eval bench $(OPTS)
 
 bench-check: setup
-	$(BIN)/oscar-eval bench-check $(B) $(if $(A),--against $(A)) $(OPTS)
+	$(BIN)/oscar-eval bench-check $(B) --against $(or $(A),reference) $(OPTS)
 
 leaderboard: setup
 	$(BIN)/oscar-eval leaderboard $(OPTS)

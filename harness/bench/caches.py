@@ -85,6 +85,7 @@ def make_cache(kind: str, cfg, batch: int, ctx: int, steps: int, kernels=None) -
         raise ValueError(f"the e2e bench times methods with a kernel decode; {kind} has none")
     cache.state.values_folded = True  # random weights: the values count as rotated, as OScaR's folded default
     cache.state.fast_decode = True  # build_model's attention function takes the packed steps
+    cache.state.uniform_rows = True  # every sequence is filled to the same length
     cache.layers[0].fill_random(batch, ctx, "cuda")
     for layer in cache.layers[1:]:
         layer.copy_from(cache.layers[0])

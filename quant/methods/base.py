@@ -36,6 +36,14 @@ class CacheState:
     fast_decode: bool = False
     graph_steps: int = 0
     window_lengths: torch.Tensor | None = None  # int32 [layers, B]: each layer's valid window tokens on the device
+    # The batch's sequences all hold the same number of tokens (no padding): batch 1, or a batch filled directly
+    # (benchmarks). Only then may decode steps of several sequences take the fixed-shape path, which writes every
+    # sequence's token at one position.
+    uniform_rows: bool = False
+
+    def fixed_step(self, batch: int) -> bool:
+        """Whether a one-token decode step of `batch` sequences takes the fixed-shape (kernel) path."""
+        return self.fast_decode and (batch == 1 or self.uniform_rows)
     # Teacher-forced scoring (tasks/ppl): a chunk of S > 1 tokens then attends over everything as stored after it,
     # as S decode steps would, rather than as a prompt (exact new K/V); see MethodConfig.exact_chunk.
     decode_chunks: bool = False

@@ -49,10 +49,9 @@ class BF16Layer(QuantLayer):
         self._len: torch.Tensor | None = None  # int32 [B]: valid tokens, on the device
 
     def update(self, key_states, value_states, *args, **kwargs):
-        """Single-sequence decode steps on a GPU (the cache's fast_decode) write into the fixed buffers and hand the
-        attention function a DenseStep; everything else is the plain path."""
-        if (key_states.shape[-2] == 1 and key_states.shape[0] == 1 and self.ctx.state.fast_decode
-                and self.is_initialized):
+        """Decode steps on a GPU (the cache's fast_decode) of one sequence, or of sequences of one length, write into
+        the fixed buffers and hand the attention function a DenseStep; everything else is the plain path."""
+        if key_states.shape[-2] == 1 and self.ctx.state.fixed_step(key_states.shape[0]) and self.is_initialized:
             return self._fixed_step(key_states, value_states), None
         self._buf = None  # the plain path concatenates: a later fixed step copies into new buffers
         return super().update(key_states, value_states, *args, **kwargs)
@@ -62,7 +61,7 @@ class BF16Layer(QuantLayer):
 
         if self._buf is None or self.seen + 1 > self._buf[0].shape[-2]:
             self._open_buffers(self.seen + 1)
-        pos = self._len.long()
+        pos = self._len[:1].long()  # every sequence holds as many tokens (CacheState.fixed_step)
         dt = self._store_dtype()
         self._buf[0].index_copy_(2, pos, k.to(dt))
         self._buf[1].index_copy_(2, pos, v.to(dt))

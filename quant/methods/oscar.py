@@ -170,7 +170,7 @@ class OScaRLayer(QuantLayer):
         (quant.kernels.hf_decode.packed_attention); everything else goes through the dense reference.
         Only single sequences take it: the kernels ignore the attention mask, so a left-padded batch
         would attend to its padding."""
-        fast = self.ctx.state.fast_decode and key_states.shape[0] == 1
+        fast = self.ctx.state.fixed_step(key_states.shape[0])
         if key_states.shape[-2] == 1 and fast and self.is_initialized:
             return self._fast_step(key_states, value_states), None
         self._win = None  # the dense path re-forms k_res; a later fast step copies it into new buffers
@@ -195,7 +195,7 @@ class OScaRLayer(QuantLayer):
             self.k_res, self.v_res = self._win[0][..., :0, :], self._win[1][..., :0, :]
             self.seen += 1
         else:
-            pos = self._win_len.long()
+            pos = self._win_len[:1].long()  # every sequence's window holds as many tokens (CacheState.fixed_step)
             self._win[0].index_copy_(2, pos, k)
             self._win[1].index_copy_(2, pos, v)
             self._win_len.add_(1)

@@ -37,13 +37,14 @@ def decode_logits(model, cache, prompt, steps):
     return torch.stack(logits, 1)
 
 
-def filled_cache(model, backend: str, length: int):
+def filled_cache(model, backend: str, length: int, batch: int = 1):
     """An OScaR cache filled directly (OScaRLayer.fill_random in layer 0, copy_from into the others), as the e2e
     benchmark fills it, on `backend`'s path."""
     cache = make_cache("oscar", config=model.config, kernels=KernelOptions(backend=backend))
     cache.state.values_folded = True  # random weights: V counts as rotated (the benchmark's setting)
     cache.state.fast_decode = backend != "torch"
-    cache.layers[0].fill_random(1, length, DEV, dtype=torch.float32, seed=3)
+    cache.state.uniform_rows = True
+    cache.layers[0].fill_random(batch, length, DEV, dtype=torch.float32, seed=3)
     for layer in cache.layers[1:]:
         layer.copy_from(cache.layers[0])
     return cache
@@ -69,6 +70,20 @@ def test_filled_cache_decodes_as_the_reference_and_replays_a_step():
         reset()
         model(tok, past_key_values=fast_cache, use_cache=True)
         assert torch.equal(fast_cache.state.window_lengths, lengths + 1)
+    model.config._attn_implementation = "sdpa"
+
+
+def test_filled_batch_of_equal_lengths_takes_the_kernels():
+    """Sequences of one length (a benchmark's filled batch) decode together on the kernel path, each row as the
+    reference path decodes it."""
+    model = tiny_qwen3()
+    hf_decode.register()
+    model.config._attn_implementation = "oscar_packed"
+    tok = torch.tensor([[5], [9], [11]], device=DEV)
+    ref_cache, fast_cache = filled_cache(model, "torch", 200, batch=3), filled_cache(model, "triton", 200, batch=3)
+    ref, fast = decode_logits(model, ref_cache, tok, 3), decode_logits(model, fast_cache, tok, 3)
+    assert fast_cache.state.window_lengths is not None  # the steps took the fixed-shape path
+    torch.testing.assert_close(fast.float(), ref.float(), rtol=0, atol=2e-3 * ref.abs().max().item())
     model.config._attn_implementation = "sdpa"
 
 
