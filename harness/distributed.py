@@ -66,7 +66,8 @@ def ranks_from_env(environ=None) -> Ranks:
         rank = int(env.get("RANK", "0"))
         local = int(env.get("LOCAL_RANK", str(rank)))
     except ValueError as err:
-        raise ValueError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers ({err}); start the run with torchrun") from None
+        raise ValueError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers ({err}); start the run with torchrun") \
+            from None
     if world < 1 or not 0 <= rank < world or local < 0:
         raise ValueError(f"RANK={rank}, LOCAL_RANK={local}, WORLD_SIZE={world}: need 0 <= RANK < WORLD_SIZE and "
                          "LOCAL_RANK >= 0; start the run with torchrun")
@@ -81,7 +82,8 @@ def start(device: str | None = None, device_map: str | None = None, environ=None
         return ranks, device
     if device_map:
         raise ValueError(f"--device-map {device_map} spreads one model over the GPUs, torchrun runs one whole model "
-                         "per GPU: use one or the other (one process with --device-map for a model too large for a GPU)")
+                         "per GPU: use one or the other (one process with --device-map for a model too large for a "
+                         "GPU)")
     import torch
     import torch.distributed as dist
 

@@ -3,7 +3,7 @@
 Layout (relative to the repository root, all predictable from the run's names):
     results/runs/<task>[.<data>]/<model>/<method>.json          final result (schema: harness/schema.json)
     results/runs/<task>[.<data>]/<model>/<method>.partial.jsonl progress while running (git-ignored)
-    results/runs/<task>[.<data>]/<model>/<method>.rank<r>.partial.jsonl  rank r's, under torchrun (harness/distributed.py)
+    results/runs/<task>[.<data>]/<model>/<method>.rank<r>.partial.jsonl  rank r's under torchrun (distributed.py)
 `<data>` is omitted for the official data and is `generated` or `custom` otherwise, so runs on the
 project's small generated sets never overwrite runs on the real benchmark.
 

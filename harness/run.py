@@ -329,8 +329,8 @@ def summary_table(results: list[dict[str, Any]]) -> str:
 
     lines += [f"{r['method']['name']}: {f['n']} of {len(r['samples'])} items failed ({why}); first: {f['first']}"
               for r in results for why, f in failure_summary(r["samples"]).items()]
-    lines += [f"{r['method']['name']}: {p['world_size']} ranks ({', '.join(p['devices'])}): {_fmt(p['items_per_s'])} items/s "
-              f"side by side, {_fmt(r['system']['items_per_s'])} per device"
+    lines += [f"{r['method']['name']}: {p['world_size']} ranks ({', '.join(p['devices'])}): "
+              f"{_fmt(p['items_per_s'])} items/s side by side, {_fmt(r['system']['items_per_s'])} per device"
               for r in results for p in [r["system"].get("parallel")] if p]
     return "\n".join(lines)
 

@@ -26,14 +26,13 @@ TOKEN_TYPES = ("token_type_ids", "mm_token_type_ids", "moe_mm_token_type_ids")
 
 
 def graphs_enabled(model, cache) -> bool:
-    """Graph steps apply to an OScaR cache on the kernel path with the model on a CUDA device."""
+    """Graph steps apply to an OScaR cache on the kernel path with the model on one CUDA device (a graph captures
+    one device's stream: a model spread over GPUs with device_map decodes eagerly)."""
     state = getattr(cache, "state", None)
     if state is None or not state.fast_decode or (state.kernels is not None and not state.kernels.cuda_graphs):
         return False
-    try:
-        return next(model.parameters()).device.type == "cuda"
-    except StopIteration:
-        return False
+    devices = {p.device for p in model.parameters()}
+    return len(devices) == 1 and next(iter(devices)).type == "cuda"
 
 
 def decode_graphs(model, cache):
@@ -54,12 +53,16 @@ class GraphDecoder:
         self.counts = {"eager": 0, "captured": 0, "replayed": 0}
         self.failure: str | None = None
         self._forward = None
+        # Graphs capture and replay on the current device's streams: make it the model's (e.g. --device cuda:1).
+        device = next(model.parameters()).device
+        self._on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
         self._drop()
 
     def _drop(self):
         self.graph, self.key, self.inputs, self.out = None, None, None, None
 
     def __enter__(self):
+        self._on_device.__enter__()
         self._forward = self.model.forward  # the bound method (an instance attribute set below shadows it)
 
         @functools.wraps(self._forward)  # generate reads forward's signature (position_ids, logits_to_keep)
@@ -73,6 +76,7 @@ class GraphDecoder:
         del self.model.forward  # back to the class's forward
         self._drop()
         self.cache.state.graph_steps = self.counts["captured"] + self.counts["replayed"]  # for the results
+        self._on_device.__exit__(*exc)
         return False
 
     # -- one call of forward --------------------------------------------------------------------------

@@ -359,6 +359,10 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, spl
     from quant.kernels.common import _lens, num_sms, padded_rows, prepare_decode
     from quant.packed import TL_BLOCK
 
+    if query.is_cuda and query.device.index != torch.cuda.current_device():  # Triton launches on the current device
+        with torch.cuda.device(query.device):  # a layer of a model spread over GPUs (device_map)
+            return decode_attention(query, kv, scaling, kv_lens, res_lens, split_tokens, num_warps, num_stages, waves,
+                                    maxnreg)
     if kv.k is not None and kv.k.num_tokens % TL_BLOCK:  # pad to whole blocks, the padding masked by kv_lens
         t = kv.k.num_tokens
         kv_lens = _lens(kv_lens, t, query.shape[0], t, "kv_lens", query.device)

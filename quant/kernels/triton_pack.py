@@ -114,6 +114,9 @@ def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: b
     from quant.primitives import hadamard
 
     _check_block(k, v)
+    if k.is_cuda and k.device.index != torch.cuda.current_device():  # Triton launches on the current device
+        with torch.cuda.device(k.device):  # a layer of a model spread over GPUs (device_map)
+            return pack_kv(k, v, rotate, token_norm, rotate_values)
     b, h, t, d = k.shape
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()

@@ -99,8 +99,9 @@ def find_rope(model):
         pos = positions.view(1, -1)
         if getattr(emb, "mrope_section", None) is not None:  # M-RoPE: a text token has one position on all 3 axes
             pos = pos.expand(3, 1, -1)  # (transformers 5.17 takes only [3, B, T]; 5.23 also [B, T])
-        cos, sin = emb(dummy, pos)
-        return cos.reshape(-1, cos.shape[-1]).float(), sin.reshape(-1, sin.shape[-1]).float()
+        cos, sin = emb(dummy, pos)  # on the embedding's device when device_map spreads the model: back to the caller's
+        return (cos.reshape(-1, cos.shape[-1]).float().to(positions.device),
+                sin.reshape(-1, sin.shape[-1]).float().to(positions.device))
 
     return cos_sin
 
@@ -155,11 +156,12 @@ def calibrate_permutations(model, tokenizer, config: RotateKVConfig, shared: dic
         lm(input_ids=ids, past_key_values=cache, use_cache=True)
     cos, sin = shared["rope"](torch.arange(ids.shape[1], device=device))
     perms = []
-    for layer in cache.layers:
-        k = unrope(layer.keys.float(), cos, sin)
+    for layer in cache.layers:  # each on its layer's device (device_map)
+        dev = layer.keys.device
+        k = unrope(layer.keys.float(), cos.to(dev), sin.to(dev))
         b, h, t, d = k.shape
         s = span_heads(h, config.head_span)
-        kr = k.view(b, h // s, s, t, d).permute(0, 1, 3, 2, 4).reshape(b, h // s, t, s * d) @ hadamard(s * d, device=device)
+        kr = k.view(b, h // s, s, t, d).permute(0, 1, 3, 2, 4).reshape(b, h // s, t, s * d) @ hadamard(s * d, device=dev)
         perms.append(kr.sum(dim=(0, 1, 2)).argsort())
     stash[cache_key] = perms
     return perms

@@ -170,6 +170,82 @@ def test_two_ranks_resume_a_killed_rank_and_merge_as_one_process(tmp_path):
     assert parallel["items_per_s"] > two["system"]["items_per_s"]  # two ranks side by side beat the summed clock
 
 
+# ---------------------------------------------------------------- one model over two GPUs (device_map)
+
+
+def _split_and_single(layers: int = 4):
+    """A seeded bf16 Qwen3 text model twice: spread over cuda:0 / cuda:1 (half the layers each, as device_map does)
+    and whole on cuda:0."""
+    import copy
+
+    import torch
+    import transformers
+    from accelerate import dispatch_model
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                                      max_position_embeddings=2048)
+    model = transformers.Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
+    single = copy.deepcopy(model).to("cuda:0")
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": 1, "lm_head": 1,
+                  **{f"model.layers.{i}": int(i >= layers // 2) for i in range(layers)}}
+    return dispatch_model(model, device_map=device_map), single, device_map
+
+
+def _state_devices(layer) -> set:
+    from quant.packed import QTensor
+
+    found = set()
+    for name in layer._state_names():
+        value = getattr(layer, name)
+        tensors = [value.codes, value.scale, value.zero] if isinstance(value, QTensor) else [value]
+        found.update(t.device for t in tensors)
+    return found
+
+
+def _greedy(model, method: str, kernels, prompt, new: int):
+    import torch
+
+    import quant
+    from harness.models.tiny import byte_tokenizer
+    from quant.kernels.graph_decode import decode_graphs
+
+    tokenizer = byte_tokenizer("<|im_end|>", "<|endoftext|>", {})  # RotateKV calibrates on text
+    cache = quant.make_cache(method, model, tokenizer=tokenizer, kernels=kernels)
+    with torch.inference_mode(), decode_graphs(model, cache):
+        out = model.generate(prompt, past_key_values=cache, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    return out[:, prompt.shape[1]:], cache
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method,backend", [("oscar", "triton"), ("rotatekv", None), ("kivi", None),
+                                            pytest.param("oscar", "cuda", marks=pytest.mark.cuda_kernels)])
+def test_a_model_over_two_gpus_keeps_each_layers_cache_there_and_decodes_as_on_one(method, backend):
+    """device_map over two GPUs: every cache layer stores its tensors on its layer's GPU, the kernels launch there
+    (prefill packs, decode steps, a flush inside the decode), no CUDA graph spans the two devices, and the greedy
+    tokens are those of the same weights on one GPU."""
+    import torch
+
+    from quant.kernels import KernelOptions, patch_model
+    from quant.kernels.graph_decode import graphs_enabled
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    split, single, device_map = _split_and_single()
+    kernels = KernelOptions(backend=backend, layer_kernels=backend or "triton", fused_linear=backend == "cuda")
+    for model in (split, single):
+        patch_model(model, kernels)
+    prompt = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(1)).to("cuda:0")
+    new = 100  # 300 prompt tokens leave 44 in OScaR's 128-token window: the decode flushes it once
+    tokens, cache = _greedy(split, method, kernels, prompt, new)
+    assert not graphs_enabled(split, cache)
+    for i, layer in enumerate(cache.layers):
+        assert _state_devices(layer) == {torch.device(f"cuda:{device_map[f'model.layers.{i}']}")}, i
+    reference, _ = _greedy(single, method, kernels, prompt, new)
+    assert torch.equal(tokens.cpu(), reference.cpu())
+
+
 if __name__ == "__main__":  # one rank of the torchrun test above
     try:
         _evaluate(sys.argv[1])
