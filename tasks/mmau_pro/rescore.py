@@ -9,6 +9,11 @@ notes are updated. Generation figures (system, per-sample cost fields, environme
 run's; the model is not needed. The items come from the result's data ("generated", or --data for a
 path), matched by id and checked against the recorded data fingerprint. The judge and the embedder
 default to the ones the result names.
+
+An open item whose judged text is unchanged keeps its recorded judge output, parsed again by the
+official rules (score.parse_judge_scores): the judge prompt and parsing did not change, and a sampled
+judge would only draw again. --rejudge runs the judge anew (in bfloat16) on every open item; the
+result's settings say which was done.
 """
 from __future__ import annotations
 
@@ -30,8 +35,9 @@ def _failure(error: str) -> str:
     return "generation" if "generation failed" in error else "audio" if "audio" in error else "other"
 
 
-def rescore_record(task: MMAUProTask, record: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
-    """`record` scored again under the current rules (a new dict)."""
+def rescore_record(task: MMAUProTask, record: dict[str, Any], item: dict[str, Any], rejudge: bool = False) -> dict[str, Any]:
+    """`record` scored again under the current rules (a new dict); a recorded judge output of the
+    same text is re-parsed rather than judged again unless `rejudge`."""
     out = {k: v for k, v in record.items() if k not in SCORING_FIELDS}
     out["kind"] = score.kind(item)
     if out["kind"] == "excluded":
@@ -47,11 +53,17 @@ def rescore_record(task: MMAUProTask, record: dict[str, Any], item: dict[str, An
     else:
         text = record["prediction"]
     out["answer"] = item["answer"]
-    out.update(task.score_prediction(item, text))
+    judged_before = record.get("prediction", record.get("scored_as")) == text and "judge_output" in record
+    if out["kind"] == "open" and judged_before and not rejudge:
+        out.update(scores=score.parse_judge_scores(record["judge_output"]), scorer=record["scorer"],
+                   judge_output=record["judge_output"])
+    else:
+        out.update(task.score_prediction(item, text))
     return out
 
 
-def rescore_result(result: dict[str, Any], items: list[dict[str, Any]], task: MMAUProTask) -> dict[str, Any]:
+def rescore_result(result: dict[str, Any], items: list[dict[str, Any]], task: MMAUProTask,
+                   rejudge: bool = False) -> dict[str, Any]:
     """A new result dict: samples, metrics, categories, task and notes under the current rules."""
     from harness import results as R
     from harness.run import aggregate_with_ci
@@ -63,14 +75,22 @@ def rescore_result(result: dict[str, Any], items: list[dict[str, Any]], task: MM
     missing = [s["id"] for s in result["samples"] if s["id"] not in by_id]
     if missing:
         raise ValueError(f"samples {missing[:5]} are not among the items loaded")
-    records = [rescore_record(task, s, by_id[s["id"]]) for s in result["samples"]]
+    records = [rescore_record(task, s, by_id[s["id"]], rejudge) for s in result["samples"]]
     method = next(iter(result["metrics"].values()))["ci_method"]
     resamples = int(re.search(r"(\d+) resamples", method).group(1)) if "resamples" in method else 1000
     metrics, categories = aggregate_with_ci(task, records, resamples, result["seed"])
     old_version, old_date = result["task"]["version"], result["date"]
     new = dict(result, date=R.utc_now(), samples=records, metrics=metrics, categories=categories,
                n_errors=sum(1 for r in records if "error" in r))
-    new["task"] = dict(result["task"], version=VERSION, settings=R.jsonable(task.describe()))
+    settings = R.jsonable(task.describe())
+    if not rejudge and any(r["kind"] == "open" for r in records):
+        old_judge = {k: v for k, v in result["task"]["settings"].items() if k.startswith("judge")}
+        device = result["system"]["device"]
+        # task version 1 loaded judges in float32 on the CPU (bfloat16 / float16 on a GPU)
+        old_judge.setdefault("judge_dtype", "float32" if device == "cpu" else f"version {old_version} default on {device}")
+        settings.update(old_judge, open_items_judged=(
+            f"judge outputs of the original run (task version {old_version}, {old_date}) re-parsed by the official rules"))
+    new["task"] = dict(result["task"], version=VERSION, settings=settings)
     new["notes"] = list(result.get("notes", [])) + [
         f"re-scored from the recorded predictions under task version {VERSION} (was {old_version}); generation, "
         f"system figures and environment are the original run's ({old_date})"]
@@ -86,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=None, help="the items' path when the result's data is not 'generated'")
     p.add_argument("--judge", default=None, help="judge spec (default: the one the result names)")
     p.add_argument("--embedder", default=None, help="embedder spec (default: the one the result names)")
+    p.add_argument("--rejudge", action="store_true", help="judge every open item again instead of re-parsing")
     args = p.parse_args(argv)
     tasks: dict[tuple, MMAUProTask] = {}  # one loaded judge / embedder per setting
     for path in args.results:
@@ -101,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{path}: data {kind!r}: pass --data with the items' path")
         source = args.data or (None if kind == "official" else kind)
         items = tasks[key].load(source, result["task"]["limit"])
-        new = rescore_result(result, items, tasks[key])
+        new = rescore_result(result, items, tasks[key], args.rejudge)
         R.write_result(new, path)
         m = new["metrics"]
         print(f"{path}: overall {m['overall']['value']:.2f} (was {result['metrics']['overall']['value']:.2f}), "

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tasks.base import TaskDataError
-from tasks.mmau_pro import TASK, VERSION, aif, data, generate, item_problem, prompt_text
+from tasks.mmau_pro import TASK, VERSION, aif, data, excluded_reason, generate, prompt_text
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +99,15 @@ def test_missing_official_data_names_hub_id_and_env_var(monkeypatch, tmp_path):
         data.load_path(tmp_path)
 
 
-def test_item_problems_are_named(items):
+def test_only_closed_items_without_two_choices_are_excluded(items):
+    """The official evaluator filters out closed items with fewer than two choices and scores every other row."""
     closed = next(i for i in items if i["category"] == "music")
-    assert item_problem(closed) is None
-    assert "empty reference answer" in item_problem(dict(closed, answer=" "))
-    assert "needs two or more" in item_problem(dict(closed, choices=["only one"]))
+    assert excluded_reason(closed) is None
+    assert excluded_reason(dict(closed, answer=" ")) is None  # an empty reference is still scored
+    assert "leaves out closed items with fewer than two" in excluded_reason(dict(closed, choices=["only one"]))
     aif_item = next(i for i in items if i["category"] == "instruction following")
-    assert item_problem(aif_item) is None
-    assert "unknown AIF task_identifier" in item_problem(dict(aif_item, task_identifier="Haiku"))
+    assert excluded_reason(aif_item) is None and excluded_reason(dict(aif_item, task_identifier="Haiku")) is None
+    assert excluded_reason(dict(aif_item, choices=[])) is None  # only closed categories need choices
 
 
 def test_prompt_text_snapshot(items):
@@ -121,4 +122,4 @@ def test_prompt_text_snapshot(items):
     prompt = TASK.build_prompt(multi)
     assert prompt.text == f"{multi['question']}\n\nA. {multi['choices'][0]}\nB. {multi['choices'][1]}"
     assert len(prompt.audios) == 2 and not prompt.images
-    assert TASK.version == VERSION == 1 and TASK.max_new_tokens == 128
+    assert TASK.version == VERSION == 2 and TASK.max_new_tokens == 128

@@ -33,8 +33,8 @@ def dataset(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def task():
-    # 4 answer tokens and 16 judge tokens keep the run short on CPU; the official 128 / 512 are the defaults
-    return MMAUProTask(judge="smollm2-135m", embedder="all-MiniLM-L6-v2", judge_max_new_tokens=16, max_new_tokens=4)
+    # 4 answer tokens and 8 judge tokens keep the run short on CPU; the official 128 / 512 are the defaults
+    return MMAUProTask(judge="smollm2-135m", embedder="all-MiniLM-L6-v2", judge_max_new_tokens=8, max_new_tokens=4)
 
 
 def test_every_method_on_tiny_qwen3_omni(dataset, task, tmp_path):
@@ -43,16 +43,21 @@ def test_every_method_on_tiny_qwen3_omni(dataset, task, tmp_path):
                            out=str(tmp_path / "{method}.json"), n_resamples=20)
     assert [r["method"]["name"] for r in results] == quant.list_methods()
     for result in results:
-        assert result["task"]["name"] == "mmau-pro" and result["task"]["version"] == 1
+        assert result["task"]["name"] == "mmau-pro" and result["task"]["version"] == 2
         assert set(result["categories"]) == CATEGORIES
         assert all(c["n"] >= 1 and "score" in c["metrics"] for c in result["categories"].values())
-        for metric in ("open_ended", "good_rate", "aif", "closed", "overall"):
+        for metric in ("open_ended", "good_rate", "aif", "closed", "overall", "closed_letters_mapped", "overall_letters_mapped"):
             assert 0.0 <= result["metrics"][metric]["value"] <= 100.0
         settings = result["task"]["settings"]
         assert settings["judge"] == "smollm2-135m" and settings["embedder"] == "all-MiniLM-L6-v2"
-        assert settings["judge_temperature"] == 0.1 and settings["judge_max_new_tokens"] == 16
+        assert settings["judge_temperature"] == 0.1 and settings["judge_max_new_tokens"] == 8
+        assert settings["judge_dtype"] == "bfloat16" and "english punkt_tab" in settings["aif_sentence_splitter"]
         samples = {s["id"]: s for s in result["samples"]}
-        assert result["n_errors"] == 1 and "not found" in samples["gen-missing"]["error"]
+        missing = samples["gen-missing"]  # failed, and still scored as the official scores a missing answer
+        assert result["n_errors"] == 1 and "not found" in missing["error"] and missing["failure"] == "audio"
+        assert missing["scored_as"] == "" and set(missing["scores"]) == {"correct", "correct_letters_mapped"}
+        category = result["categories"][missing["category"]]
+        assert category["n"] == 2 and category["metrics"]["n_failed"] == 1 and category["metrics"]["n_failed_audio"] == 1
         open_sample = next(s for s in samples.values() if s["category"] == "open")
         assert open_sample["scorer"]["judge"] == "smollm2-135m" and set(open_sample["scores"]) >= {"overall", "clarity"}
         multi = next(s for s in samples.values() if s.get("n_clips") == 2)
