@@ -124,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="lmms_local", help="folder for the task YAML (and OCRBench's parquet)")
     parser.add_argument("--name", default=None, help="lmms-eval task name (default: oscar_ocrbench_local / mmau_pro_local)")
     args = parser.parse_args(argv)
+    import datasets
+
+    datasets.disable_progress_bars()  # one parquet write: the bar is noise
     try:
         path, env = write_local_task(args.task, args.data, Path(args.out), args.name)
     except (KeyError, OSError, TaskDataError) as err:
