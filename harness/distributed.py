@@ -244,8 +244,7 @@ def remove_progress(result_path: Path) -> None:
 
 def gather_records(records: list[dict[str, Any]], shard_items: list[dict[str, Any]], ids: list[str],
                    ranks: Ranks) -> list[dict[str, Any]] | None:
-    """On rank 0: every rank's records of its shard, in the task's item order (`ids`); None on the other ranks.
-    Raises RuntimeError (on rank 0) naming the items no rank recorded."""
+    """On rank 0: every rank's records of its shard, in the task's item order (`ids`); None on the other ranks."""
     if not ranks.parallel:
         return R.records_in_order(records, ids)
     import torch.distributed as dist
@@ -256,11 +255,14 @@ def gather_records(records: list[dict[str, Any]], shard_items: list[dict[str, An
     dist.gather_object(mine, parts, dst=0)
     if not ranks.main:
         return None
-    merged = R.records_in_order([r for part in parts for r in part], ids)
-    if len(merged) != len(ids):
-        missing = sorted(set(ids) - {str(r["id"]) for r in merged})
+    return R.records_in_order([r for part in parts for r in part], ids)
+
+
+def check_complete(records: list[dict[str, Any]], ids: list[str]) -> None:
+    """Raise RuntimeError naming the items of `ids` that no record covers (a merge that lost a shard)."""
+    missing = [i for i in ids if i not in {str(r["id"]) for r in records}]
+    if missing:
         raise RuntimeError(f"no rank recorded {len(missing)} item(s) ({', '.join(missing[:5])}); rerun to resume")
-    return merged
 
 
 # ---------------------------------------------------------------- what a data-parallel result records

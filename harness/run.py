@@ -191,6 +191,7 @@ def run_method(ctx: RunContext, adapter, path: Path, restart: bool, force: bool,
 def _write(ctx: RunContext, adapter, path: Path, records: list[dict[str, Any]], n_resamples: int,
            figures: list[dict[str, Any]] | None) -> dict[str, Any]:
     """Aggregate the finished run's records (all ranks'), write its result and remove the progress files."""
+    D.check_complete(records, [str(item["id"]) for item in ctx.items])
     if records and all("error" in r for r in records):  # a score of 0 would hide the cause
         raise RuntimeError(f"{ctx.task.name} with {ctx.method.name}: all {len(records)} items failed, no result written; "
                            f"first: {records[0]['error']} (fix it, then rerun with --restart)")
@@ -235,7 +236,8 @@ def _run_items(ctx: RunContext, adapter, progress: R.Progress, items: list[dict[
     done = progress.done_ids
     todo = [item for item in items if str(item["id"]) not in done]
     label = f"{ctx.model} {ctx.method.name} {ctx.task.name}{where}"
-    errors = sum(1 for r in progress.records if "error" in r)
+    mine = {str(item["id"]) for item in items}
+    errors = sum(1 for r in progress.records if "error" in r and str(r["id"]) in mine)
     with tqdm(total=len(items), initial=len(items) - len(todo), desc=label, unit="item",
               file=sys.stderr, dynamic_ncols=True) as bar:
         for item in todo:
