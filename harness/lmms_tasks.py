@@ -28,7 +28,8 @@ import tasks as tasks_pkg
 from tasks.base import TaskDataError
 
 SHIPPED = Path(tasks_pkg.__file__).resolve().parent / "lmms"
-YAMLS = {"ocrbench": SHIPPED / "oscar_ocrbench" / "oscar_ocrbench.yaml", "mmau-pro": SHIPPED / "mmau_pro" / "mmau_pro.yaml"}
+YAMLS = {"ocrbench": SHIPPED / "oscar_ocrbench" / "oscar_ocrbench.yaml",
+         "mmau-pro": SHIPPED / "mmau_pro" / "mmau_pro.yaml"}
 DEFAULT_NAMES = {"ocrbench": "oscar_ocrbench_local", "mmau-pro": "mmau_pro_local"}
 
 
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=None, help="a path, 'generated', or nothing for the official data "
                         "(OCRBENCH_PATH / MMAU_PRO_PATH, then the HF hub cache)")
     parser.add_argument("--out", default="lmms_local", help="folder for the task YAML (and OCRBench's parquet)")
-    parser.add_argument("--name", default=None, help="lmms-eval task name (default: oscar_ocrbench_local / mmau_pro_local)")
+    parser.add_argument("--name", default=None,
+                        help="lmms-eval task name (default: oscar_ocrbench_local / mmau_pro_local)")
     args = parser.parse_args(argv)
     import datasets
 
@@ -133,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"harness.lmms_tasks: error: {err}", file=sys.stderr)
         return 2
     exports = "".join(f"export {k}={v}\n" for k, v in env.items())
+    name = args.name or DEFAULT_NAMES[args.task]
     print(f"wrote {path}\n{exports}lmms-eval --model <oscar model id> --model_args model=<name>,quant=<method> "
-          f"--tasks {args.name or DEFAULT_NAMES[args.task]} --include_path {path.parent.resolve()} --output_path <folder>"
+          f"--tasks {name} --include_path {path.parent.resolve()} --output_path <folder>"
           + (" --process_docs_parallel 1" if args.task == "mmau-pro" else ""))
     return 0
 

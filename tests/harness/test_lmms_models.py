@@ -77,4 +77,5 @@ def test_entry_point_loads_after_our_module_without_a_cycle():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Failed to load model entry-point" not in proc.stdout + proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == str(["oscar_eval", "oscar_llava", "oscar_qwen3_omni", "oscar_qwen3_vl"])
+    listed = proc.stdout.strip().splitlines()[-1]
+    assert listed == str(["oscar_eval", "oscar_llava", "oscar_qwen3_omni", "oscar_qwen3_vl"])

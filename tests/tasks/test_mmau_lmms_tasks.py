@@ -49,7 +49,8 @@ def test_ocrbench_yaml_runs_in_lmms_eval(tmp_path, monkeypatch):
     docs = list(task.test_docs())
     assert len(docs) == len(items)
     for doc, item in zip(docs, items):
-        assert (doc["dataset"], doc["question_type"], doc["answer"]) == (item["dataset"], item["question_type"], item["answers"])
+        fields = (item["dataset"], item["question_type"], item["answers"])
+        assert (doc["dataset"], doc["question_type"], doc["answer"]) == fields
     assert task.doc_to_text(docs[0]) == items[0]["question"].strip()
     assert task.config.generation_kwargs["until"] == [] and task.config.reasoning_tags == "none"
     shown = task.doc_to_visual(docs[0])[0]
