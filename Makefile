@@ -12,6 +12,7 @@ LIMIT ?=
 DATA  ?=
 MODEL_PATH ?=
 WEIGHTS ?=
+BATCH ?=
 OPTS  ?=
 # GPUS=N (N > 1): torchrun starts N data-parallel ranks on this host, one per GPU (docs/GPUS.md); unset or 1: one process
 GPUS  ?=
@@ -38,7 +39,7 @@ $(STAMP): pyproject.toml Makefile
 eval: setup
 	$(EVAL) eval --model $(MODEL) --quant $(QUANT) $(if $(TASK),--task $(TASK)) \
 	  $(if $(LIMIT),--limit $(LIMIT)) $(if $(DATA),--data $(DATA)) $(if $(MODEL_PATH),--model-path $(MODEL_PATH)) \
-	  $(if $(WEIGHTS),--weights $(WEIGHTS)) $(OPTS)
+	  $(if $(WEIGHTS),--weights $(WEIGHTS)) $(if $(BATCH),--batch-size $(BATCH)) $(OPTS)
 
 test: setup
 	$(BIN)/python -m pytest -q tests

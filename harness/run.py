@@ -45,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="kernel options, e.g. 'cuda_graphs=off,wide_decode=off' (quant.kernels.KernelOptions; the "
                         "environment's OSCAR_* overrides apply first)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="prompts per generate, left-padded; each gets its batch-1 tokens (quant/rows.py)")
     p.add_argument("--out", default=DEFAULT_OUT, help="result path template with {task} {model} {method}")
     p.add_argument("--restart", action="store_true", help="discard an unfinished run's progress file")
     p.add_argument("--force", action="store_true", help="rerun even when an up-to-date result exists")
@@ -57,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
             model=args.model, quant=args.quant, task=args.task, limit=args.limit, data=args.data,
             model_path=args.model_path, device=args.device, dtype=args.dtype, device_map=args.device_map, weights=args.weights,
             backend=args.backend, quant_opts=args.quant_opts, seed=args.seed, out=args.out, restart=args.restart, force=args.force,
-            n_resamples=args.resamples, kernels=kernel_options(args.kernels, args.backend),
+            n_resamples=args.resamples, kernels=kernel_options(args.kernels, args.backend), batch_size=args.batch_size,
         )
     except (KeyError, ValueError, RuntimeError, OSError) as err:  # bad names, missing data/weights, bad files
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
@@ -108,16 +110,19 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
              model_path: str | None = None, device: str | None = None, dtype: str | None = None, weights: str = "real",
              device_map: str | None = None, backend: str | None = None, quant_opts: str | None = None, seed: int = 0, out: str = DEFAULT_OUT,
              restart: bool = False, force: bool = False, n_resamples: int = stats.DEFAULT_RESAMPLES,
-             adapter: Any = None, kernels: Any = None) -> list[dict[str, Any]]:
+             adapter: Any = None, kernels: Any = None, batch_size: int = 1) -> list[dict[str, Any]]:
     """Run `task` on `model` for each method of `quant`; return the written results (one per method).
 
     `adapter` lets a caller that already holds a loaded adapter (tests, notebooks) skip loading; `kernels`
-    (quant.kernels.KernelOptions, default: the defaults with `backend`) goes to the model and every cache.
+    (quant.kernels.KernelOptions, default: the defaults with `backend`) goes to the model and every cache;
+    `batch_size` prompts share one generate (their tokens are each prompt's batch-1 tokens).
     Under torchrun each rank runs a shard of the items on its own device and rank 0 writes the results
     (harness/distributed.py); every rank returns them.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be a positive number of items, got {limit}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be a positive number of prompts, got {batch_size}")
     spec, methods, task_obj = resolve(model, quant, task, backend, quant_opts)
     ranks, device = D.start(device, device_map)
     from quant.kernels.options import KernelOptions
@@ -143,7 +148,8 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     written = []
     for method in methods:
         path = Path(out.format(task=R.task_dir(task_obj.name, data), model=R.model_dir(model_info), method=method.name))
-        ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend, kernels)
+        ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend, kernels,
+                         batch_size)
         written.append(run_method(ctx, adapter, path, restart, force, n_resamples, ranks))
     return written
 
@@ -151,8 +157,10 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
 class RunContext:
     """Everything that identifies one (model, method, task, data, seed) run."""
 
-    def __init__(self, model, model_info, method, task, items, data, limit, fingerprint, seed, backend, kernels=None):
+    def __init__(self, model, model_info, method, task, items, data, limit, fingerprint, seed, backend, kernels=None,
+                 batch_size: int = 1):
         self.model, self.model_info, self.method, self.task = model, model_info, method, task
+        self.batch_size = batch_size
         self.items, self.data, self.limit, self.fingerprint, self.seed = items, data, limit, fingerprint, seed
         # Methods without a kernel decode run the torch reference whatever was asked.
         self.backend = backend if method.kernel_decode else "torch"
@@ -240,9 +248,12 @@ def _run_items(ctx: RunContext, adapter, progress: R.Progress, items: list[dict[
     errors = sum(1 for r in progress.records if "error" in r and str(r["id"]) in mine)
     with tqdm(total=len(items), initial=len(items) - len(todo), desc=label, unit="item",
               file=sys.stderr, dynamic_ncols=True) as bar:
-        for item in todo:
+        shared_s = 0.0  # the batch's generate time, spread over its items
+        for i, item in enumerate(todo):
+            if i % ctx.batch_size == 0:
+                shared_s = _prefetch(ctx, adapter, todo[i:i + ctx.batch_size])
             take_item_cost(adapter)  # forget generate calls made outside the loop
-            start = time.perf_counter()
+            start = time.perf_counter() - shared_s
             try:
                 record = ctx.task.run_item(adapter, ctx.method, item)
             except Exception as err:  # a bug, not a bad item (tasks return {"error"} for those): stop here
@@ -259,6 +270,24 @@ def _run_items(ctx: RunContext, adapter, progress: R.Progress, items: list[dict[
             errors += "error" in record
             bar.set_postfix(errors=errors, refresh=False)
             bar.update(1)
+
+
+def _prefetch(ctx: RunContext, adapter, chunk: list[dict[str, Any]]) -> float:
+    """With --batch-size > 1, answer `chunk`'s prompts in one batched generate ahead of the items' own calls
+    (harness/models/batching.py); returns its seconds per item. Tasks without prompts (perplexity) and adapters
+    without batching run item by item; a chunk whose prompts cannot be built together (a bad image) too, so the
+    failing item is reported by the task as usual."""
+    adapter._prefetched = None
+    if (ctx.batch_size == 1 or len(chunk) == 1 or not hasattr(adapter, "prefetch")
+            or not hasattr(ctx.task, "build_prompt")):
+        return 0.0
+    start = time.perf_counter()
+    try:
+        prompts = [ctx.task.build_prompt(item) for item in chunk]
+    except Exception:  # noqa: BLE001 - the item's own run_item reports what is wrong with it
+        return 0.0
+    adapter.prefetch(prompts, ctx.method, getattr(ctx.task, "max_new_tokens", 128))
+    return (time.perf_counter() - start) / len(chunk)
 
 
 def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resamples: int) -> dict[str, Any]:
@@ -282,7 +311,7 @@ def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resa
         "metrics": metrics,
         "categories": categories,
         "samples": records,
-        "system": R.system_figures(records, adapter),
+        "system": {**R.system_figures(records, adapter), "batch_size": ctx.batch_size},
         "environment": R.environment(ctx.kernels),
         "n_errors": sum(1 for r in records if "error" in r),
         "notes": R.notes(ctx.model_info, ctx.data),

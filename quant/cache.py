@@ -4,6 +4,7 @@ Use it with any decoder in transformers: `model.generate(..., past_key_values=ma
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -12,6 +13,7 @@ from transformers.cache_utils import Cache
 from quant.kernels.options import KernelOptions
 from quant.methods import get_method
 from quant.methods.base import FP_PARTS, QUANTIZED_PARTS, CacheState, LayerContext, MethodConfig
+from quant.rows import RowsLayer, left_pads
 
 # Modality code of each KV position (QuantizedKVCache.set_modalities).
 MODALITIES = ("text", "image", "video", "audio")
@@ -53,6 +55,36 @@ class QuantizedKVCache(Cache):
         self.modalities = tags.long()
         self.state.modalities = self.modalities
 
+    def set_padding(self, attention_mask: torch.Tensor) -> None:
+        """The prompt's padding, [B, S] (1 token, 0 pad; left padding only). Call before the prefill, after
+        `set_modalities`. A batch with padding stores each sequence in layers of its own (quant/rows.py: the codes
+        of each sequence are those of its prompt alone); a batch of equal lengths keeps one layer and may decode on
+        the fixed-shape path together (CacheState.uniform_rows)."""
+        pads = left_pads(attention_mask)
+        if not any(pads):
+            self.state.uniform_rows = True
+            return
+        if any(layer.is_initialized for layer in self.layers):
+            raise ValueError("set_padding must come before the prefill: the layers already hold tokens")
+        states = [dataclasses.replace(self.state, window_lengths=None, uniform_rows=False, graph_steps=0,
+                                      modalities=None if self.modalities is None else self.modalities[b:b + 1, pad:])
+                  for b, pad in enumerate(pads)]
+        self.layers = [RowsLayer([self.method.make_layer(dataclasses.replace(layer.ctx, state=state, row=b))
+                                  for b, state in enumerate(states)], pads) for layer in self.layers]
+        self.shared["pads"] = pads  # methods that watch the model's activations skip them (RotateKV's sinks)
+
+    def row(self, b: int) -> "QuantizedKVCache":
+        """Sequence `b` of a padded batch as a cache of its own (its layers, state and modality tags; quant/rows.py),
+        for per-sequence accounting: `cache.row(b).nbytes()`. Without padding, the cache itself."""
+        if not isinstance(self.layers[0], RowsLayer):
+            return self
+        view = object.__new__(type(self))
+        view.__dict__.update(self.__dict__)
+        view.layers = [layer.rows[b] for layer in self.layers]
+        view.state = view.layers[0].ctx.state
+        view.modalities = view.state.modalities
+        return view
+
     def nbytes(self) -> dict[str, Any]:
         """Bytes of the tensors each layer actually holds: totals, by category and per layer."""
         per_layer = [layer.nbytes() for layer in self.layers]
@@ -83,7 +115,9 @@ class QuantizedKVCache(Cache):
         """K and V elements represented: 2 * layers * batch * kv_heads * tokens * head_dim."""
         total = 0
         for layer in self.layers:
-            if layer.is_initialized:
+            if isinstance(layer, RowsLayer):
+                total += layer.elements()
+            elif layer.is_initialized:
                 total += 2 * layer.batch * layer.ctx.num_kv_heads * layer.seen * layer.ctx.head_dim
         return total
 

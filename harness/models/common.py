@@ -242,8 +242,8 @@ class MultimodalAdapter:
         return modality_tags(inputs["input_ids"], self.token_modality())
 
     def make_cache(self, method, inputs):
-        """A quantized cache for `method` with every prompt position's modality set (None = the
-        model's default DynamicCache, used as the reference)."""
+        """A quantized cache for `method` with every prompt position's modality and the batch's padding set (None =
+        the model's default DynamicCache, used as the reference)."""
         import quant
 
         if method is None:
@@ -252,6 +252,8 @@ class MultimodalAdapter:
         cache = quant.make_cache(method, self.generator, config=self.text_config, tokenizer=self.tokenizer,
                                  kernels=self.kernels)
         cache.set_modalities(self.tags(inputs).to(self.device))
+        if "attention_mask" in inputs:
+            cache.set_padding(inputs["attention_mask"])
         return cache
 
     def generate_ids(self, inputs, cache, max_new_tokens: int, **kwargs) -> torch.Tensor:
@@ -265,11 +267,57 @@ class MultimodalAdapter:
                                           do_sample=False, **kwargs)
         return out[:, inputs["input_ids"].shape[1]:]
 
-    def generate(self, prompt: Prompt, method, max_new_tokens: int = 128) -> Generation:
-        """Answer one prompt with `method`'s quantized cache on the text backbone (None: default cache).
-        Its cost (prefill/decode time, kernel-path steps, peak GPU memory) is appended to `self.costs`."""
+    def prefetch(self, prompts: list[Prompt], method, max_new_tokens: int = 128) -> None:
+        """Answer `prompts` in one batched generate; the next `generate` calls, one per prompt in this order, get
+        these answers (harness/models/batching.py)."""
+        from harness.models.batching import Prefetched
+
+        self._prefetched = Prefetched(prompts, self.generate_batch(prompts, method, max_new_tokens))
+
+    def generate_batch(self, prompts: list[Prompt], method, max_new_tokens: int = 128) -> list[Generation]:
+        """Answer `prompts` in one greedy generate, left-padded: each prompt's tokens are its batch-1 tokens (the
+        cache stores each sequence alone, quant/rows.py). Each answer carries the batch's cost with its own new
+        tokens and KV bytes, and `batch` = the batch size."""
+        from harness.models.batching import collate, row_tokens
         from harness.models.cost import generation_cost, measure
 
+        start = time.perf_counter()
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        features = [self.build_inputs(p) for p in prompts]
+        inputs = collate(features, pad).to(device=self.device, dtype=self.model.dtype)
+        cache = self.make_cache(method, inputs)
+        self._graphs = None
+        with measure(self.device, cache, lambda: self._graphs) as (clock, figures):
+            new = self.generate_ids(inputs, cache, max_new_tokens, streamer=clock, pad_token_id=pad)
+        eos = self.generator.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        wall = time.perf_counter() - start
+        out = []
+        for b, (feature, tokens) in enumerate(zip(features, row_tokens(new, eos))):
+            kv_bytes = cache.row(b).nbytes() if cache is not None else {}
+            cost = {**generation_cost(figures, len(tokens), kv_bytes), "batch": len(prompts)}
+            out.append(Generation(
+                text=self.tokenizer.decode(tokens, skip_special_tokens=True).strip(),
+                input_tokens=int(feature["input_ids"].shape[1]),
+                new_tokens=len(tokens),
+                modality_tokens=count_modalities(self.tags(feature)),
+                kv_bytes=kv_bytes,
+                wall_s=wall,
+                graph_steps=graph_steps(cache),
+                cost=cost,
+            ))
+        return out
+
+    def generate(self, prompt: Prompt, method, max_new_tokens: int = 128) -> Generation:
+        """Answer one prompt with `method`'s quantized cache on the text backbone (None: default cache).
+        Its cost (prefill/decode time, kernel-path steps, peak GPU memory) is appended to `self.costs`. A prompt
+        the eval loop batched ahead (`prefetch`) gets its batch's answer."""
+        from harness.models.cost import generation_cost, measure
+
+        ready = self._prefetched.take(prompt) if getattr(self, "_prefetched", None) is not None else None
+        if ready is not None:
+            self.costs.append(ready.cost)
+            return ready
         start = time.perf_counter()
         inputs = self.build_inputs(prompt).to(device=self.device, dtype=self.model.dtype)
         cache = self.make_cache(method, inputs)

@@ -24,7 +24,16 @@ import torch
 from quant.kernels.common import choose_split, num_sms, prepare_decode
 from quant.packed import PackedKV, QTensor
 
-CSRC = Path(str(importlib.resources.files("quant.csrc")))  # the top-level csrc/, shipped as package data
+def _csrc() -> Path:
+    """The CUDA sources: the package's quant.csrc (the top-level csrc/ mapped into it by pyproject.toml, in a wheel
+    and in an editable install); for a checkout used without installing (PYTHONPATH=.), csrc/ beside quant/."""
+    try:
+        return Path(str(importlib.resources.files("quant.csrc")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "csrc"
+
+
+CSRC = _csrc()
 SOURCES = ("oscar_bindings.cu", "include/oscar_common.cuh", "include/oscar_layout.cuh", "include/oscar_decode.cuh",
            "include/oscar_decode_impl.cuh", "include/oscar_combine.cuh", "include/oscar_pack.cuh",
            "include/oscar_floor.cuh", "include/oscar_msg.h")

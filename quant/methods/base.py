@@ -67,6 +67,7 @@ class LayerContext:
     head_dim: int
     shared: dict[str, Any] = dataclasses.field(default_factory=dict)  # the method's own cache-wide data
     state: CacheState = dataclasses.field(default_factory=CacheState)  # cache-wide facts (see CacheState)
+    row: int | None = None  # the sequence of a padded batch this layer stores alone (quant/rows.py); None: all
 
 
 @dataclass(frozen=True)

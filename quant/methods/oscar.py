@@ -150,7 +150,8 @@ class OScaRLayer(QuantLayer):
             backend = self._backend()
             k_q, v_q, norms = pack_block(self.k_res[..., :full, :], self.v_res[..., :full, :], c, self._rot, starts,
                                          self._values_rotated, backend)
-            if backend == "triton" and self.ctx.state.fast_decode and full % TL_BLOCK == 0:
+            if (backend == "triton" and self.ctx.state.fast_decode and full % TL_BLOCK == 0
+                    and self.ctx.head_dim in (64, 128)):
                 # the order Triton's decode reads, converted once per flushed block rather than at every step
                 k_q, v_q = k_q.to_order("tl"), v_q.to_order("tl")
             self.k_q, self.v_q = cat_optional(self.k_q, k_q), cat_optional(self.v_q, v_q)

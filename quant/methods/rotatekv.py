@@ -6,7 +6,9 @@ head_span * d, reorders channels by a per-layer permutation calibrated offline (
 per-channel sums of rotated keys over calibration text), and quantizes per token in groups of
 `group_size` reordered channels (asym, clip 0.8). Reading back: un-permute, Hadamard, re-apply RoPE.
 Values: per-head Hadamard, per-token groups, clip 0.8. Attention sinks: the tokens holding the top-20
-|activations| of each layer's input during prefill keep full-precision K/V. No FP window.
+|activations| of each layer's input during prefill keep full-precision K/V. `residual_length` R: RotateKV keeps no
+FP window (R = 0); with R > 0 the newest tokens wait in full precision and every R are quantized at once (block
+flush, as OScaR's evaluation framework runs every method). `zero_point`: "integer" (RotateKV's code) or "float".
 
 [ours] Positions are cache indices (left-padded rows see shifted positions; undo and redo use the same
 ones, so only the quantization basis moves). With fewer heads than `head_span` the span is the largest
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quant.methods.base import MethodConfig, QuantLayer, check
+from quant.methods.base import MethodConfig, QuantLayer, block_flush_chunk, check, check_zero_point
 from quant.packed import QTensor, cat_optional, quantize
 from quant.primitives import hadamard
 
@@ -46,6 +48,8 @@ class RotateKVConfig(MethodConfig):
     head_span: int = 4
     sink_tokens: int = 20
     calibrate: bool = True
+    residual_length: int = 0
+    zero_point: str = "integer"
 
     def validate(self):
         check(self.bits in (2, 3, 4), f"rotatekv.bits must be 2, 3 or 4, got {self.bits}")
@@ -53,7 +57,11 @@ class RotateKVConfig(MethodConfig):
         check(self.head_span >= 1 and self.head_span & (self.head_span - 1) == 0, "rotatekv.head_span must be a power of two")
         check(0.5 <= self.clip_ratio <= 1.0, f"rotatekv.clip_ratio must be in [0.5, 1], got {self.clip_ratio}")
         check(self.sink_tokens >= 0, "rotatekv.sink_tokens must be >= 0")
+        check(self.residual_length >= 0, f"rotatekv.residual_length must be >= 0 (0 = no window), got {self.residual_length}")
+        check_zero_point("rotatekv", self.zero_point)
 
+    def exact_chunk(self, position):
+        return block_flush_chunk(position, self.residual_length)  # per-token groups: tokens quantize independently
     def make_layer(self, ctx):
         return RotateKVLayer(self, ctx)
 
@@ -130,8 +138,12 @@ def install_sink_hooks(model, shared: dict, top: int) -> None:
                 return
             x = args[0] if args else kwargs["hidden_states"]
             if x.shape[1] > 1:
-                flat = x.detach().abs().float().reshape(x.shape[0], -1)
-                target["sinks"][idx] = flat.topk(min(top, flat.shape[1]), dim=-1).indices // x.shape[-1]
+                # a left-padded batch (quant/rows.py): each sequence's sinks among its own tokens, indexed from them
+                pads = target.get("pads")
+                if pads is None or len(pads) != x.shape[0]:  # unpadded, or another cache's batch
+                    pads = [0] * x.shape[0]
+                rows = [x[b, pad:].detach().abs().float().reshape(-1) for b, pad in enumerate(pads)]
+                target["sinks"][idx] = torch.stack([r.topk(min(top, r.numel())).indices // x.shape[-1] for r in rows])
 
         return hook
 
@@ -173,6 +185,8 @@ class RotateKVLayer(QuantLayer):
         self.span = span_heads(ctx.num_kv_heads, config.head_span)
         self.k_q: QTensor | None = None
         self.v_q: QTensor | None = None
+        self.k_res: torch.Tensor | None = None
+        self.v_res: torch.Tensor | None = None
         self.sink_k = self.sink_v = self.sink_pos = None
 
     def lazy_initialization(self, key_states, value_states):
@@ -198,14 +212,23 @@ class RotateKVLayer(QuantLayer):
 
     def _append(self, k, v):
         c, t = self.config, k.shape[-2]
-        positions = torch.arange(self.seen, self.seen + t, device=k.device)
-        cos, sin = self.ctx.shared["rope"](positions)
-        kr = (self._spanned(unrope(k.float(), cos, sin)) @ self._hk)[..., self._perm]
-        self.k_q = cat_optional(self.k_q, quantize(kr, c.bits, self._group(kr.shape[-1]), axis=-1, clip=c.clip_ratio))
-        self.v_q = cat_optional(self.v_q, quantize(v.float() @ self._hv, c.bits, self._group(v.shape[-1]), axis=-1, clip=c.clip_ratio))
-        sinks = self.ctx.shared.get("sinks", {}).pop(self.ctx.layer_idx, None)
-        if sinks is not None and t > 1:
+        sinks = self.ctx.shared.get("sinks", {}).get(self.ctx.layer_idx)
+        if sinks is not None and self.ctx.row is not None:  # one sequence of a padded batch (quant/rows.py)
+            sinks = sinks[self.ctx.row:self.ctx.row + 1]
+        if sinks is not None and t > 1 and self.seen == 0:  # the prefill's sinks (a later chunk's are not RotateKV's)
             self._keep_sinks(k, v, sinks)
+        start = 0 if self.k_q is None else self.k_q.num_tokens
+        block = self._window_blocks(k, v, c.residual_length)
+        if block is None:
+            return
+        kb, vb = block
+        positions = torch.arange(start, start + kb.shape[-2], device=k.device)
+        cos, sin = self.ctx.shared["rope"](positions)
+        kr = (self._spanned(unrope(kb.float(), cos, sin)) @ self._hk)[..., self._perm]
+        z = c.zero_point
+        self.k_q = cat_optional(self.k_q, quantize(kr, c.bits, self._group(kr.shape[-1]), axis=-1, clip=c.clip_ratio, zero_point=z))
+        self.v_q = cat_optional(self.v_q, quantize(vb.float() @ self._hv, c.bits, self._group(vb.shape[-1]), axis=-1,
+                                                   clip=c.clip_ratio, zero_point=z))
 
     def _keep_sinks(self, k, v, sinks):
         """sinks: [B, n] token indices within this chunk; keep their K/V in full precision."""
@@ -216,14 +239,17 @@ class RotateKVLayer(QuantLayer):
         self.sink_pos = pos if self.sink_pos is None else torch.cat([self.sink_pos, pos], -1)
 
     def _dense(self):
-        kr = self.k_q.dequantize()[..., self._inv] @ self._hk
-        cos, sin = self.ctx.shared["rope"](torch.arange(kr.shape[-2], device=kr.device))
-        k = self.out_dtype(rope(self._unspanned(kr), cos, sin))
-        v = self.out_dtype(self.v_q.dequantize() @ self._hv)
+        k, v = self.k_res, self.v_res
+        if self.k_q is not None:
+            kr = self.k_q.dequantize()[..., self._inv] @ self._hk
+            cos, sin = self.ctx.shared["rope"](torch.arange(kr.shape[-2], device=kr.device))
+            k = torch.cat([self.out_dtype(rope(self._unspanned(kr), cos, sin)), self.k_res], -2)
+            v = torch.cat([self.out_dtype(self.v_q.dequantize() @ self._hv), self.v_res], -2)
         if self.sink_pos is not None:
             idx = self.sink_pos.unsqueeze(1).unsqueeze(-1).expand(-1, k.shape[1], -1, k.shape[-1])
             k, v = k.scatter(-2, idx, self.sink_k.to(k.dtype)), v.scatter(-2, idx, self.sink_v.to(v.dtype))
         return k, v
 
     def _stored(self):
-        return {"codes": [self.k_q, self.v_q], "outliers": [self.sink_k, self.sink_v, self.sink_pos]}
+        return {"codes": [self.k_q, self.v_q], "outliers": [self.sink_k, self.sink_v, self.sink_pos],
+                "residual": [self.k_res, self.v_res]}

@@ -1,0 +1,132 @@
+"""Batches of prompts of different lengths: each sequence stored by its own layer, as it would be alone.
+
+A left-padded batch hands every cache layer K/V [B, H, S, D] whose first pad_b positions of row b are padding.
+A quantizer must not see them (they would widen a group's min and max, enter a token norm or an outlier pool), so
+`QuantizedKVCache.set_padding` replaces each layer by a `RowsLayer` of B layers of the method, one per sequence,
+each fed only its own tokens: a sequence's stored codes are exactly those of the same prompt run alone, whatever
+the method. The model's own bookkeeping keeps the padded length: `get_seq_length` counts pads too, as transformers
+expects under left padding.
+
+At a decode step the rows answer as they would alone:
+- on the reference path, dense K/V [1, H, n_b, D]: they are stacked right-aligned (zeros where row b has pads,
+  which the model's attention mask hides), so each row's attention is its batch-1 attention;
+- on the fixed-shape path (OScaR's kernels, BF16's buffers), one step object per row: the attention function
+  (quant.kernels.hf_decode.packed_attention) runs each row's attention on its own step (`RowsStep`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import CacheLayerMixin
+
+from quant.methods.base import FP_PARTS, QUANTIZED_PARTS
+
+
+@dataclass
+class RowsStep:
+    """Per-sequence decode steps (quant.kernels.hf_decode.PackedStep or DenseStep), row b for query row b."""
+
+    rows: list[Any]
+
+
+def left_pads(attention_mask: torch.Tensor) -> list[int]:
+    """Leading padding of each row of a [B, S] mask of ones and zeros; refuses right or inner padding."""
+    mask = attention_mask.bool()
+    pads = (~mask).sum(1)
+    first = torch.arange(mask.shape[1], device=mask.device)[None, :] >= pads[:, None]
+    if not torch.equal(first, mask):
+        raise ValueError("a batch for the quantized cache must be left-padded (zeros only before each prompt): "
+                         "set the tokenizer's or processor's padding_side='left'")
+    return [int(p) for p in pads.tolist()]
+
+
+class RowsLayer(CacheLayerMixin):
+    """One cache layer of a padded batch: `rows[b]` (a layer of the method, batch 1) stores sequence b without
+    its `pads[b]` leading pad positions. See the module docstring."""
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, rows: list, pads: list[int]):
+        super().__init__()
+        self.rows, self.pads = rows, pads
+        self.seen = 0  # the padded length transformers counts
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        first = self.seen == 0
+        outs = []
+        for b, row in enumerate(self.rows):
+            cut = self.pads[b] if first else 0
+            outs.append(row.update(key_states[b:b + 1, :, cut:], value_states[b:b + 1, :, cut:]))
+        self.seen += key_states.shape[-2]
+        if first:  # the prompt attends with its exact K/V under the model's padding mask
+            return key_states, value_states
+        if not isinstance(outs[0][0], torch.Tensor):
+            return RowsStep([out[0] for out in outs]), None
+        return self._stack([out[0] for out in outs]), self._stack([out[1] for out in outs])
+
+    def _stack(self, rows: list[torch.Tensor]) -> torch.Tensor:
+        """Per-row [1, H, n_b, D] -> [B, H, seen, D], each row right-aligned (its pads as zeros)."""
+        _, h, _, d = rows[0].shape
+        out = rows[0].new_zeros(len(rows), h, self.seen, d)
+        for b, row in enumerate(rows):
+            out[b, :, self.seen - row.shape[-2]:] = row[0]
+        return out
+
+    # -- transformers' layer API -----------------------------------------------------------------------------
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.seen + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        for row in self.rows:
+            row.reset()
+        self.seen = 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a quantized cache cannot crop: assisted decoding is not supported")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("beam search over a padded batch of quantized caches is not supported: use greedy "
+                                  "decoding or one prompt at a time")
+
+    # -- the fixed-shape decode's protocol (quant.kernels.graph_decode) ----------------------------------------
+    def graph_ready(self) -> bool:
+        return all(getattr(row, "graph_ready", lambda: False)() for row in self.rows)
+
+    def advance_host(self) -> None:
+        for row in self.rows:
+            row.advance_host()
+        self.seen += 1
+
+    def host_state(self):
+        return [row.host_state() for row in self.rows], self.seen
+
+    def set_host_state(self, state) -> None:
+        rows, self.seen = state
+        for row, s in zip(self.rows, rows):
+            row.set_host_state(s)
+
+    # -- accounting ------------------------------------------------------------------------------------------
+    def nbytes(self) -> dict[str, int]:
+        out = dict.fromkeys(QUANTIZED_PARTS + FP_PARTS, 0)
+        for row in self.rows:
+            for k, v in row.nbytes().items():
+                out[k] += v
+        return out
+
+    def elements(self) -> int:
+        """K and V elements the rows represent (their own tokens, no pads)."""
+        return sum(2 * row.ctx.num_kv_heads * row.seen * row.ctx.head_dim for row in self.rows if row.is_initialized)
