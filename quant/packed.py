@@ -7,7 +7,8 @@ Layout conventions (every tensor has batch first, then KV heads, then tokens):
 - QTensor(axis=-1): groups of `group` consecutive CHANNELS per token (values, QuaRot/RotateKV keys).
   codes int32 [B, H, T, D / (32 // bits)]: word w holds channels w*16 .. w*16+15 (2 bits).
   scale, zero fp16 [B, H, T, D / group].
-Dequantization: x_hat = code * scale + zero, broadcast over the group.
+Dequantization: x_hat = code * scale + zero, broadcast over the group. `zero` is the group's minimum (float zero
+point) or -scale * z for an integer zero point z (quant.primitives.asym_quantize): one formula either way.
 Code order (`order`, INT2 in groups of 32 only): "natural" is the layout above. "frag" (what the CUDA
 decode kernel reads, written by the CUDA pack) keeps every tensor's shape and every 32-token block in
 place but permutes the block's 32 x D codes (and, for values, stores the block's scales/zeros as
@@ -28,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from quant.primitives import MIN_SCALE, asym_dequantize, asym_quantize, pack_codes, unpack_codes
+from quant.primitives import MIN_SCALE, asym_dequantize, asym_quantize, integer_zero, pack_codes, unpack_codes
 
 
 @dataclass
@@ -159,25 +160,28 @@ class QTensor:
         return replace(self, **{name: fn(getattr(self, name)) for name in batch})
 
 
-def quantize(x: torch.Tensor, bits: int, group: int, axis: int, clip: float = 1.0) -> QTensor:
-    """Asymmetric group quantization of x [B, H, T, D] into a packed QTensor (see module docstring)."""
+def quantize(x: torch.Tensor, bits: int, group: int, axis: int, clip: float = 1.0, zero_point: str = "float") -> QTensor:
+    """Asymmetric group quantization of x [B, H, T, D] into a packed QTensor (see module docstring);
+    zero_point "float" or "integer" as quant.primitives.asym_quantize defines them."""
     b, h, t, d = x.shape
     if axis == -2:
         if t % group:
             raise ValueError(f"token-axis groups need T ({t}) to be a multiple of the group size {group}")
-        codes, scale, zero = asym_quantize(x.reshape(b, h, t // group, group, d), bits, dim=-2, clip=clip)
+        codes, scale, zero = asym_quantize(x.reshape(b, h, t // group, group, d), bits, dim=-2, clip=clip,
+                                           zero_point=zero_point)
         codes, scale, zero = codes.reshape(b, h, t, d), scale.squeeze(-2), zero.squeeze(-2)
     elif axis == -1:
         if d % group:
             raise ValueError(f"channel-axis groups need head_dim ({d}) to be a multiple of the group size {group}")
-        codes, scale, zero = asym_quantize(x.reshape(b, h, t, d // group, group), bits, dim=-1, clip=clip)
+        codes, scale, zero = asym_quantize(x.reshape(b, h, t, d // group, group), bits, dim=-1, clip=clip,
+                                           zero_point=zero_point)
         codes, scale, zero = codes.reshape(b, h, t, d), scale.squeeze(-1), zero.squeeze(-1)
     else:
         raise ValueError(f"axis must be -2 (token groups) or -1 (channel groups), got {axis}")
     return QTensor(pack_codes(codes, bits, axis), scale, zero, bits, group, axis)
 
 
-def quantize_segments(x: torch.Tensor, bits: int, starts: torch.Tensor) -> QTensor:
+def quantize_segments(x: torch.Tensor, bits: int, starts: torch.Tensor, zero_point: str = "float") -> QTensor:
     """Per-channel asym quantization of x [B, H, T, D] over token groups [starts[i], starts[i+1]).
     Same formula as `quantize` (fp16 scale/zero rounded before the codes); T a multiple of 32 // bits."""
     b, h, t, d = x.shape
@@ -190,7 +194,7 @@ def quantize_segments(x: torch.Tensor, bits: int, starts: torch.Tensor) -> QTens
     lo = init.scatter_reduce(2, idx, xf, "amin", include_self=False)
     levels = 2**bits - 1
     scale = ((hi - lo) / levels).half().clamp_min(MIN_SCALE)
-    zero = lo.half()
+    zero = lo.half() if zero_point == "float" else integer_zero(lo, scale).half()
     codes = torch.round((xf - zero.float().gather(2, idx)) / scale.float().gather(2, idx)).clamp_(0, levels).to(torch.uint8)
     return QTensor(pack_codes(codes, bits, -2), scale, zero, bits, 0, -2, starts.long())
 
@@ -237,17 +241,17 @@ class PackedKV:
         return self.num_quantized + self.k_res.shape[-2]
 
 
-def write_token(q: QTensor, b: int, h: int, pos: int, x: torch.Tensor) -> None:
+def write_token(q: QTensor, b: int, h: int, pos: int, x: torch.Tensor, zero_point: str = "float") -> None:
     """Quantize one token's vector x [D] into slot (b, h, pos) of q in place.
 
     Token-axis groups (axis -2): the token joins its group's existing scale/zero (codes clamp to the
-    group's range). Channel-axis groups (axis -1): the token is its own group set, so it is requantized.
+    group's range). Channel-axis groups (axis -1): the token is its own group set, so it is requantized (with `zero_point`).
     """
     if q.order != "natural":
         raise ValueError("write_token needs the natural code order: convert with q.to_order('natural')")
     levels = 2**q.bits - 1
     if q.axis == -1:
-        one = quantize(x.view(1, 1, 1, -1), q.bits, q.group, axis=-1)
+        one = quantize(x.view(1, 1, 1, -1), q.bits, q.group, axis=-1, zero_point=zero_point)
         q.codes[b, h, pos], q.scale[b, h, pos], q.zero[b, h, pos] = one.codes[0, 0, 0], one.scale[0, 0, 0], one.zero[0, 0, 0]
         return
     g = pos // q.group

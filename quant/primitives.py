@@ -14,23 +14,39 @@ import torch
 MIN_SCALE = 2.0**-24
 
 
-def asym_quantize(x: torch.Tensor, bits: int, dim: int, clip: float = 1.0, scale_dtype=torch.float16):
+ZERO_POINTS = ("integer", "float")
+
+
+def asym_quantize(x: torch.Tensor, bits: int, dim: int, clip: float = 1.0, scale_dtype=torch.float16,
+                  zero_point: str = "float"):
     """Asymmetric min/max quantization along `dim` (the group axis, reduced).
 
-    s = (clip*max - clip*min) / (2^B - 1); q = clamp(round((x - clip*min) / s), 0, 2^B - 1).
-    The scale and zero (= clip*min) are rounded to `scale_dtype` first, and codes are computed with the
-    rounded values, so dequantization with the stored values is exactly what the codes mean.
+    hi = clip * max, lo = clip * min, s = (hi - lo) / (2^B - 1). The zero point, by `zero_point`:
+    - "float" (KIVI's own code): zero = lo, q = clamp(round((x - lo) / s), 0, 2^B - 1);
+    - "integer" (OScaR's official framework and CUDA pack, QuaRot, RotateKV): z = round(-lo / s), an integer
+      number of steps, so q = clamp(round(x / s) + z, 0, 2^B - 1) and x_hat = s * (q - z). Stored as the offset
+      zero = -s * z, so both conventions dequantize as x_hat = q * s + zero (the kernels read one formula).
+    The scale and zero are rounded to `scale_dtype` first, and codes are computed with the rounded values, so
+    dequantization with the stored values is exactly what the codes mean.
 
     Returns (codes uint8 same shape as x, scale, zero) with scale/zero keeping `dim` as size 1.
     """
+    if zero_point not in ZERO_POINTS:
+        raise ValueError(f"zero_point must be one of {ZERO_POINTS}, got {zero_point!r}")
     xf = x.float()
     hi = xf.amax(dim=dim, keepdim=True) * clip
     lo = xf.amin(dim=dim, keepdim=True) * clip
     levels = 2**bits - 1
     scale = ((hi - lo) / levels).to(scale_dtype).clamp_min(MIN_SCALE)
-    zero = lo.to(scale_dtype)
+    zero = lo.to(scale_dtype) if zero_point == "float" else integer_zero(lo, scale).to(scale_dtype)
     codes = torch.round((xf - zero.float()) / scale.float()).clamp_(0, levels).to(torch.uint8)
     return codes, scale, zero
+
+
+def integer_zero(lo: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The offset -s * round(-lo / s) of an integer zero point, float32 (scale already rounded as stored)."""
+    s = scale.float()
+    return -s * torch.round(-lo.float() / s)
 
 
 def asym_dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:

@@ -20,22 +20,63 @@ METHODS: dict[str, type[MethodConfig]] = {
     for cls in (BF16Config, KIVIConfig, QuaRotConfig, RotateKVConfig, OTTConfig, TurboQuantConfig, OScaRConfig)
 }
 
-# preset name -> (method, paper-default overrides)
-PRESETS: dict[str, tuple[str, dict]] = {
+# The paper comparison (the default, what `--quant all` runs): every method as OScaR's evaluation framework runs
+# it, so only the quantizer differs. One full-precision window of R = 128 tokens, block flushed (the framework
+# flushes K and V every R tokens and quantizes nothing with R = 0), and an integer zero point (the framework's
+# KVQuantizer: zero = round(-min / scale)). Each preset names every setting it relies on.
+PAPER = {"residual_length": 128}
+PAPER_INT = {**PAPER, "zero_point": "integer"}
+PAPER_COMPARISON: dict[str, tuple[str, dict]] = {
     "bf16": ("bf16", {}),
-    "kivi": ("kivi", {}),
-    "quarot": ("quarot", {}),
-    "rotatekv": ("rotatekv", {}),
-    "ott": ("ott", {}),
-    "turboquant": ("turboquant", {}),
-    "oscar": ("oscar", {}),
-    "oscar-rotation-only": ("oscar", {"token_norm": False}),
-    "oscar-scaling-only": ("oscar", {"rotation": "none"}),
+    "kivi": ("kivi", {**PAPER_INT, "group_size": 32, "value_flush": "block"}),
+    "quarot": ("quarot", {**PAPER_INT, "clip_ratio": 0.95}),
+    "rotatekv": ("rotatekv", {**PAPER_INT, "clip_ratio": 0.8}),
+    "ott": ("ott", {**PAPER_INT, "group_size": 32, "outlier_tokens": 5}),
+    "turboquant": ("turboquant", {**PAPER, "outlier_split": "channels"}),
+    "oscar": ("oscar", {**PAPER_INT, "group_size": 32}),
+    "oscar-rotation-only": ("oscar", {**PAPER_INT, "group_size": 32, "token_norm": False}),
+    "oscar-scaling-only": ("oscar", {**PAPER_INT, "group_size": 32, "rotation": "none"}),
 }
 
+# Each method as its own paper and code run it (suffix "-own-paper": never in one table with the comparison).
+# OTT has none: its code is not public, and the settings its paper is summarized with (groups of 128 tokens, a
+# 32-token window) cannot hold per-channel key groups, whose window must be a multiple of the group.
+OWN_PAPER: dict[str, tuple[str, dict]] = {
+    "kivi-own-paper": ("kivi", {"residual_length": 128, "group_size": 32, "value_flush": "fifo", "zero_point": "float"}),
+    "quarot-own-paper": ("quarot", {"residual_length": 0, "zero_point": "integer", "clip_ratio": 0.95}),
+    "rotatekv-own-paper": ("rotatekv", {"residual_length": 0, "zero_point": "integer", "clip_ratio": 0.8}),
+    "turboquant-own-paper": ("turboquant", {"residual_length": 0, "outlier_split": "channels"}),
+}
 
-def list_methods() -> list[str]:
-    return list(PRESETS)
+# Named options measured against the comparison (same window, one setting changed).
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "oscar-float-zero": ("oscar", {**PAPER, "group_size": 32, "zero_point": "float"}),  # ours: the float minimum
+    "turboquant-rotated-split": ("turboquant", {**PAPER, "outlier_split": "rotated"}),  # the split that protects nothing
+}
+
+PRESETS: dict[str, tuple[str, dict]] = {**PAPER_COMPARISON, **OWN_PAPER, **VARIANTS}
+GROUPS: dict[str, list[str]] = {"all": list(PAPER_COMPARISON), "own-paper": ["bf16", *OWN_PAPER], "variants": list(VARIANTS)}
+
+
+def list_methods(group: str = "all") -> list[str]:
+    """The presets of a group: "all" (the paper comparison), "own-paper" or "variants"."""
+    if group not in GROUPS:
+        raise KeyError(f"unknown preset group {group!r}; groups: {', '.join(GROUPS)}")
+    return list(GROUPS[group])
+
+
+def expand_presets(text: str) -> list[str]:
+    """'all', 'own-paper', 'variants' or a comma-separated list of presets and groups -> preset names."""
+    names = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        names += list_methods(item) if item in GROUPS else [item]
+    return list(dict.fromkeys(names))
+
+
+def setting_of(name: str) -> str:
+    """Which table a preset belongs to: "paper-comparison", "own-paper" or "variant" (unknown names: "custom")."""
+    return ("paper-comparison" if name in PAPER_COMPARISON else "own-paper" if name in OWN_PAPER
+            else "variant" if name in VARIANTS else "custom")
 
 
 def get_method(name: str | MethodConfig, **overrides) -> MethodConfig:

@@ -8,6 +8,7 @@ In the block, pooled tokens' K and V are replaced by the mean of the block's oth
 not widen the min/max; a token pushed out of the pool is quantized into its slot (keys with its
 group's scale/zero, values as their own per-token group). The first `skip_layers` layers keep no pool.
 Values are block-flushed with the keys [ours: the pool holds K and V together, so both share blocks].
+`zero_point`: "float" (KIVI's code, which OTT builds on) or "integer" (OScaR's evaluation framework).
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from quant.methods.base import MethodConfig, QuantLayer, cat_tokens, check, check_pow2_group
+from quant.methods.base import (MethodConfig, QuantLayer, block_flush_chunk, cat_tokens, check, check_pow2_group,
+                                check_zero_point)
 from quant.packed import QTensor, cat_optional, quantize, write_token
 
 
@@ -27,12 +29,18 @@ class OTTConfig(MethodConfig):
     residual_length: int = 128
     outlier_tokens: int = 5
     skip_layers: int = 2
+    zero_point: str = "float"  # "float" | "integer"
 
     def validate(self):
         check(self.bits in (2, 3, 4), f"ott.bits must be 2, 3 or 4, got {self.bits}")
         check_pow2_group("ott.group_size", self.group_size)
-        check(self.residual_length % self.group_size == 0, "ott.residual_length must be a multiple of group_size")
+        check(self.residual_length > 0 and self.residual_length % self.group_size == 0,
+              f"ott.residual_length ({self.residual_length}) must be a positive multiple of group_size ({self.group_size})")
+        check_zero_point("ott", self.zero_point)
         check(self.outlier_tokens >= 0 and self.skip_layers >= 0, "ott.outlier_tokens and ott.skip_layers must be >= 0")
+
+    def exact_chunk(self, position):
+        return block_flush_chunk(position, self.residual_length)  # the pool changes only when a block flushes
 
     def make_layer(self, ctx):
         return OTTLayer(self, ctx)
@@ -83,15 +91,15 @@ class OTTLayer(QuantLayer):
         for bi, hi, j in (~is_chosen[..., :old]).nonzero().tolist():  # evicted pool tokens -> their slots
             p = int(self.pool_pos[bi, hi, j])
             write_token(self.k_q, bi, hi, p, self.pool_k[bi, hi, j])
-            write_token(self.v_q, bi, hi, p, self.pool_v[bi, hi, j])
+            write_token(self.v_q, bi, hi, p, self.pool_v[bi, hi, j], self.config.zero_point)
         gather = chosen.unsqueeze(-1).expand(-1, -1, -1, d)
         self.pool_k, self.pool_v = cand_k.gather(-2, gather), cand_v.gather(-2, gather)
         self.pool_pos, self.pool_mag = cand_pos.gather(-1, chosen), cand_mag.gather(-1, chosen)
 
     def _store_block(self, kb, vb):
         c = self.config
-        self.k_q = cat_optional(self.k_q, quantize(kb, c.bits, c.group_size, axis=-2))
-        self.v_q = cat_optional(self.v_q, quantize(vb, c.bits, c.group_size, axis=-1))
+        self.k_q = cat_optional(self.k_q, quantize(kb, c.bits, c.group_size, axis=-2, zero_point=c.zero_point))
+        self.v_q = cat_optional(self.v_q, quantize(vb, c.bits, c.group_size, axis=-1, zero_point=c.zero_point))
 
     def _dense(self):
         if self.k_q is None:

@@ -6,13 +6,14 @@ import pytest
 import torch
 
 import quant
-from quant.methods.base import LayerContext
+from quant.methods.base import CacheState, LayerContext
 from quant.primitives import hadamard, lloyd_max_normal, random_orthogonal
 
 
-def layer_for(name, heads=2, d=64, layer_idx=0, shared=None, **overrides):
+def layer_for(name, heads=2, d=64, layer_idx=0, shared=None, state=None, **overrides):
     method = quant.get_method(name, **overrides)
-    return method.make_layer(LayerContext(layer_idx, 4, heads, d, shared if shared is not None else {}))
+    ctx = LayerContext(layer_idx, 4, heads, d, shared if shared is not None else {}, state or CacheState())
+    return method.make_layer(ctx)
 
 
 def kv(b=2, h=2, t=300, d=64, seed=0):
@@ -20,14 +21,19 @@ def kv(b=2, h=2, t=300, d=64, seed=0):
     return torch.randn(b, h, t, d, generator=g) * 2, torch.randn(b, h, t, d, generator=g)
 
 
-def ref_group_quant(x, bits, group, axis, clip=1.0):
-    """float64 reference: asym min/max per group (scale/zero rounded to fp16), dequantized."""
+def ref_group_quant(x, bits, group, axis, clip=1.0, zero_point="float"):
+    """float64 reference: asym min/max per group (scale rounded to fp16), dequantized. Float zero point:
+    x_hat = q * s + min; integer: z = round(-min / s), q = clamp(round(x / s) + z), x_hat = s * (q - z)."""
     x = x.double()
     b, h, t, d = x.shape
     xg = x.reshape(b, h, t // group, group, d) if axis == -2 else x.reshape(b, h, t, d // group, group)
     red = -2 if axis == -2 else -1
     hi, lo = xg.amax(red, keepdim=True) * clip, xg.amin(red, keepdim=True) * clip
     s = ((hi - lo) / (2**bits - 1)).half().clamp_min(2.0**-24).double()
+    if zero_point == "integer":
+        z = torch.round(-lo / s)
+        q = (torch.round(xg / s) + z).clamp(0, 2**bits - 1)
+        return (s * (q - z)).reshape(b, h, t, d)
     z = lo.half().double()
     q = torch.round((xg - z) / s).clamp(0, 2**bits - 1)
     return (q * s + z).reshape(b, h, t, d)
@@ -42,7 +48,7 @@ def close(a, b, tol=2e-3):
 
 
 def test_kivi_prefill_and_flush_policy():
-    layer = layer_for("kivi")
+    layer = layer_for("kivi-own-paper")  # KIVI's own code: FIFO values, float zero point
     k, v = kv(t=300)
     out_k, out_v = layer.update(k, v)
     assert out_k is k and out_v is v  # the prompt attends with exact K/V
@@ -61,8 +67,21 @@ def test_kivi_prefill_and_flush_policy():
     assert layer.k_res.shape[-2] == 0 and layer.k_q.num_tokens == 384 and layer.seen == 384
 
 
-def test_oscar_matches_float64_reference():
-    layer = layer_for("oscar")
+def test_kivi_paper_comparison_flushes_values_with_keys_and_rounds_the_zero_point():
+    layer = layer_for("kivi")
+    assert (layer.config.value_flush, layer.config.zero_point) == ("block", "integer")
+    k, v = kv(t=300)
+    layer.update(k, v)
+    assert layer.v_q.num_tokens == 256 and layer.v_res.shape[-2] == 44
+    dk, dv = layer._dense()
+    assert close(dk[..., :256, :], ref_group_quant(k[..., :256, :], 2, 32, -2, zero_point="integer"))
+    assert close(dv[..., :256, :], ref_group_quant(v[..., :256, :], 2, 32, -1, zero_point="integer"))
+    assert not close(dk[..., :256, :], ref_group_quant(k[..., :256, :], 2, 32, -2))  # the conventions differ
+
+
+@pytest.mark.parametrize("preset,zero_point", [("oscar", "integer"), ("oscar-float-zero", "float")])
+def test_oscar_matches_float64_reference(preset, zero_point):
+    layer = layer_for(preset)
     k, v = kv(t=300, seed=3)
     layer.update(k, v)
     assert layer.k_q.num_tokens == 256 and layer.k_res.shape[-2] == 44 and layer.norms.shape == (2, 256)
@@ -70,8 +89,8 @@ def test_oscar_matches_float64_reference():
     kr = k[..., :256, :].double() @ h
     n = kr.pow(2).sum(dim=(1, 3)).sqrt()
     assert torch.allclose(layer.norms.double(), n, rtol=1e-5)
-    k_ref = (ref_group_quant(kr / n[:, None, :, None], 2, 32, -2) * n[:, None, :, None]) @ h
-    v_ref = ref_group_quant(v[..., :256, :].double() @ h, 2, 32, -1) @ h
+    k_ref = (ref_group_quant(kr / n[:, None, :, None], 2, 32, -2, zero_point=zero_point) * n[:, None, :, None]) @ h
+    v_ref = ref_group_quant(v[..., :256, :].double() @ h, 2, 32, -1, zero_point=zero_point) @ h
     dk, dv = layer._dense()
     assert close(dk[..., :256, :], k_ref) and close(dv[..., :256, :], v_ref)
     assert torch.equal(dk[..., 256:, :], k[..., 256:, :])
@@ -108,28 +127,49 @@ def test_ablations_switch_exactly_one_component():
 
 
 def test_quarot_quantizes_everything_per_token_with_clip():
-    layer = layer_for("quarot")
+    layer = layer_for("quarot-own-paper")
     k, v = kv(t=37, seed=5)
     layer.update(k, v)
     h = hadamard(64, dtype=torch.float64)
     dk, dv = layer._dense()
-    assert close(dk, ref_group_quant(k.double() @ h, 2, 64, -1, clip=0.95) @ h)
-    assert close(dv, ref_group_quant(v.double() @ h, 2, 64, -1, clip=0.95) @ h)
+    assert close(dk, ref_group_quant(k.double() @ h, 2, 64, -1, clip=0.95, zero_point="integer") @ h)
+    assert close(dv, ref_group_quant(v.double() @ h, 2, 64, -1, clip=0.95, zero_point="integer") @ h)
     layer.update(*kv(t=1, seed=6))  # a decode token is quantized at once: no FP window
     assert layer.k_q.num_tokens == 38
-    kept = layer_for("quarot", keep_first_tokens=4)
+    kept = layer_for("quarot-own-paper", keep_first_tokens=4)
     kept.update(k, v)
     assert kept.k_fp.shape[-2] == 4 and torch.equal(kept._dense()[0][..., :4, :], k[..., :4, :])
 
 
-def test_turboquant_codebooks_and_reconstruction():
-    layer = layer_for("turboquant", layer_idx=1)
+@pytest.mark.parametrize("name", ["quarot", "rotatekv", "turboquant"])
+def test_the_paper_comparison_gives_every_method_the_same_block_flushed_window(name):
+    shared = {"rope": rope_tables(64)} if name == "rotatekv" else None
+    layer = layer_for(name, heads=4, shared=shared, **({"calibrate": False, "sink_tokens": 0} if name == "rotatekv" else {}))
+    assert layer.config.window == 128
+    k, v = kv(h=4, t=300, seed=14)
+    layer.update(k, v)
+    dk, dv = layer._dense()
+    assert torch.equal(dk[..., 256:, :], k[..., 256:, :]) and torch.equal(dv[..., 256:, :], v[..., 256:, :])
+    assert not torch.equal(dk[..., :256, :], k[..., :256, :])  # floor(L / R) * R prompt tokens quantized
+    assert layer.nbytes()["residual"] == 2 * k[..., 256:, :].numel() * 4
+    k1, v1 = kv(h=4, t=84, seed=15)
+    for i in range(84):
+        out_k, _ = layer.update(k1[..., i:i + 1, :], v1[..., i:i + 1, :])
+    assert out_k.shape[-2] == 384 and layer.nbytes()["residual"] == 0  # the 84th step filled the window: flushed
+    q = layer_for(name, heads=4, shared=shared, residual_length=0,
+                  **({"calibrate": False, "sink_tokens": 0} if name == "rotatekv" else {}))
+    q.update(k, v)
+    assert q.nbytes()["residual"] == 0  # R = 0: everything quantized as it is stored
+
+
+def test_turboquant_rotated_split_codebooks_and_reconstruction():
+    layer = layer_for("turboquant-rotated-split", layer_idx=1, residual_length=0)
     k, v = kv(t=20, seed=7)
     layer.update(k, v)
     d, n_out = 64, 16
     pi = random_orthogonal(d, seed=1, dtype=torch.float64)  # seed 0 * 100003 + layer 1
     x = k.double()
-    norms = x.norm(dim=-1, keepdim=True)
+    norms = x.norm(dim=-1, keepdim=True).half().double()  # stored as fp16
     y = (x / norms) @ pi.T
     cb3 = torch.tensor(lloyd_max_normal(3), dtype=torch.float64) / math.sqrt(d)
     cb2 = torch.tensor(lloyd_max_normal(2), dtype=torch.float64) / math.sqrt(d)
@@ -137,16 +177,46 @@ def test_turboquant_codebooks_and_reconstruction():
     yq = yq / yq.norm(dim=-1, keepdim=True)
     assert close(layer._dense()[0], (yq @ pi) * norms, tol=1e-4)
     bits = 8 * sum(layer.nbytes().values()) / (2 * k.numel())
-    # d=64: 16 3-bit codes fill 2 words (48 of 64 bits), 48 2-bit codes 3 words, + one fp32 norm
-    assert bits == pytest.approx((64 + 96 + 32) / 64)
-    wide = layer_for("turboquant", d=128)
-    wide.update(*kv(t=4, d=128))
-    assert 8 * sum(wide.nbytes().values()) / (2 * 2 * 2 * 4 * 128) == pytest.approx(2.5)  # d=128: 2.25 code bits + the fp32 norm = 2.5, no padding
+    # d=64: 16 3-bit codes fill 2 words (48 of 64 bits), 48 2-bit codes 3 words, + one fp16 norm
+    assert bits == pytest.approx((64 + 96 + 16) / 64)
     assert quant.get_method("turboquant").bits == 2.25  # code bits alone
 
 
+def test_turboquant_splits_the_original_channels_by_magnitude():
+    layer = layer_for("turboquant", layer_idx=2, residual_length=0)
+    k, v = kv(t=24, seed=16)
+    loud = [3, 9, 10, 20, 33, 40, 41, 42, 50, 51, 52, 53, 60, 61, 62, 63]
+    k[..., loud] *= 8
+    layer.update(k, v)
+    assert layer.k_idx[0, 0].tolist() == loud and layer.k_idx.shape == (2, 2, 16)
+    d, n = 64, 16
+    regular = [c for c in range(d) if c not in loud]
+
+    def set_ref(x, seed, m, bits):
+        pi = random_orthogonal(m, seed=seed, dtype=torch.float64)
+        norms = x.norm(dim=-1, keepdim=True).half().double()
+        y = (x / norms) @ pi.T
+        cb = torch.tensor(lloyd_max_normal(bits), dtype=torch.float64) / math.sqrt(m)
+        yq = cb[(y[..., None] - cb).abs().argmin(-1)]
+        return (yq / yq.norm(dim=-1, keepdim=True)) @ pi * norms
+
+    ref = torch.empty_like(k, dtype=torch.float64)
+    ref[..., loud] = set_ref(k.double()[..., loud], 2, n, 3)  # seed 0 * 100003 + layer 2
+    ref[..., regular] = set_ref(k.double()[..., regular], 2 + 50021, d - n, 2)
+    assert close(layer._dense()[0][:, :1], ref[:, :1], tol=1e-4)  # sequence 0, head 0 has exactly these outliers
+    err = lambda x: ((x - k).norm(dim=-1) / k.norm(dim=-1)).mean().item()  # noqa: E731
+    rotated = layer_for("turboquant-rotated-split", layer_idx=2, residual_length=0)
+    rotated.update(k, v)
+    assert err(layer._dense()[0]) < err(rotated._dense()[0])  # the split protects the loud channels
+    wide = layer_for("turboquant", d=128, residual_length=0)
+    wide.update(*kv(t=4, d=128))
+    # d=128: 32 x 3 + 96 x 2 code bits (3 + 6 words) + two fp16 norms = 2.5 bits, + the 2 x 32 int16 channel indices
+    idx_bits = 2 * 2 * 2 * 32 * 16
+    assert (8 * sum(wide.nbytes().values()) - idx_bits) / (2 * 2 * 2 * 4 * 128) == pytest.approx(2.5)
+
+
 def test_ott_pool_holds_smallest_key_magnitudes_and_block_mean():
-    layer = layer_for("ott", heads=1, layer_idx=3)
+    layer = layer_for("ott", heads=1, layer_idx=3, zero_point="float")
     k, v = kv(b=1, h=1, t=128, seed=8)
     small = [7, 50, 51, 90, 127]
     k[..., small, :] *= 0.01
@@ -191,21 +261,21 @@ def test_rotatekv_round_trip_through_pre_rope_space():
     from quant.methods.rotatekv import rope, unrope
 
     shared = {"rope": rope_tables(64)}
-    layer = layer_for("rotatekv", heads=4, shared=shared, calibrate=False, sink_tokens=0)
+    layer = layer_for("rotatekv-own-paper", heads=4, shared=shared, calibrate=False, sink_tokens=0)
     k, v = kv(b=1, h=4, t=40, seed=10)
     cos, sin = shared["rope"](torch.arange(40))
     assert torch.allclose(unrope(rope(k, cos, sin), cos, sin), k, atol=1e-5)
     layer.update(k, v)
     pre = unrope(k.double(), cos.double(), sin.double())
     spanned = pre.reshape(1, 1, 4, 40, 64).permute(0, 1, 3, 2, 4).reshape(1, 1, 40, 256) @ hadamard(256, dtype=torch.float64)
-    deq = ref_group_quant(spanned, 2, 128, -1, clip=0.8) @ hadamard(256, dtype=torch.float64)
+    deq = ref_group_quant(spanned, 2, 128, -1, clip=0.8, zero_point="integer") @ hadamard(256, dtype=torch.float64)
     k_ref = rope(deq.reshape(1, 1, 40, 4, 64).permute(0, 1, 3, 2, 4).reshape(1, 4, 40, 64), cos.double(), sin.double())
     assert close(layer._dense()[0], k_ref)
 
 
 def test_rotatekv_keeps_sink_tokens_full_precision():
     shared = {"rope": rope_tables(64), "sinks": {0: torch.tensor([[0, 3]])}}
-    layer = layer_for("rotatekv", heads=4, shared=shared, calibrate=False)
+    layer = layer_for("rotatekv-own-paper", heads=4, shared=shared, calibrate=False)
     k, v = kv(b=1, h=4, t=10, seed=11)
     layer.update(k, v)
     dk, dv = layer._dense()
@@ -253,6 +323,30 @@ def test_presets_and_overrides():
     assert quant.parse_overrides("group_size=64,token_norm=false,clip_ratio=0.9") == {"group_size": 64, "token_norm": False, "clip_ratio": 0.9}
 
 
+def test_paper_comparison_and_own_paper_presets_never_share_a_name():
+    from quant.methods import GROUPS, expand_presets, setting_of
+
+    comparison, own = quant.list_methods("all"), quant.list_methods("own-paper")
+    assert comparison == GROUPS["all"] and "oscar-float-zero" not in comparison
+    for name in comparison:
+        m = quant.get_method(name)
+        assert name == "bf16" or m.window == 128, name  # one window for every method
+        assert getattr(m, "zero_point", "integer") == "integer", name  # as OScaR's framework quantizes
+        assert setting_of(name) == "paper-comparison"
+    assert all(n.endswith("-own-paper") for n in own if n != "bf16") and setting_of("quarot-own-paper") == "own-paper"
+    assert {quant.get_method(n).window for n in ("quarot-own-paper", "rotatekv-own-paper", "turboquant-own-paper")} == {0}
+    assert expand_presets("own-paper,oscar") == own + ["oscar"] and expand_presets("kivi, kivi") == ["kivi"]
+    with pytest.raises(KeyError, match="groups: all"):
+        quant.list_methods("every")
+
+
+def test_exact_chunks_stop_before_each_block_flush():
+    oscar, kivi_fifo, quarot = (quant.get_method(n) for n in ("oscar", "kivi-own-paper", "quarot-own-paper"))
+    assert [oscar.exact_chunk(p) for p in (1024, 1100, 1150, 1151, 1152)] == [127, 51, 1, 1, 127]
+    assert kivi_fifo.exact_chunk(1024) == 1  # a FIFO value window moves every token
+    assert quarot.exact_chunk(1024) > 1000 and quant.get_method("bf16").exact_chunk(0) > 1000
+
+
 @pytest.mark.parametrize(
     "name,overrides,match",
     [
@@ -262,6 +356,10 @@ def test_presets_and_overrides():
         ("kivi", {"key_bits": 3}, "2 or 4"),
         ("quarot", {"clip_ratio": 1.5}, r"\[0.5, 1\]"),
         ("turboquant", {"rotation": "qr"}, "orthogonal"),
+        ("turboquant", {"outlier_split": "first"}, "channels"),
+        ("kivi", {"zero_point": "int"}, "integer"),
+        ("kivi", {"value_flush": "lifo"}, "fifo"),
+        ("quarot", {"residual_length": -1}, "no window"),
     ],
 )
 def test_bad_configs_raise_clear_errors(name, overrides, match):
@@ -286,8 +384,7 @@ def test_modality_aligned_groups_cut_at_boundaries_and_match_reference():
     assert aligned_starts(None, 0, 128, 32).tolist() == [0, 32, 64, 96]
     assert aligned_starts(tags, 128, 128, 32).tolist() == [0, 32, 64, 96]  # generated tokens are text
 
-    shared = {"modalities": tags}
-    layer = layer_for("oscar", shared=shared, align_modality_groups=True)
+    layer = layer_for("oscar-float-zero", state=CacheState(modalities=tags), align_modality_groups=True)
     k, v = kv(t=130, seed=12)
     k[..., 40:110, :] *= 5  # the image span has another scale
     layer.update(k, v)
