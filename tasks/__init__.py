@@ -5,6 +5,7 @@ import importlib
 
 TASKS: dict[str, str] = {
     "ppl": "tasks.ppl:TASK",
+    "ppl-4k": "tasks.ppl:TASK_LONG",
     "ocrbench": "tasks.ocrbench:TASK",
     "mmau-pro": "tasks.mmau_pro:TASK",
 }

@@ -62,6 +62,7 @@ class RotateKVConfig(MethodConfig):
 
     def exact_chunk(self, position):
         return block_flush_chunk(position, self.residual_length)  # per-token groups: tokens quantize independently
+
     def make_layer(self, ctx):
         return RotateKVLayer(self, ctx)
 

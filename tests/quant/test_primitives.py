@@ -66,6 +66,27 @@ def test_asym_quantize_matches_float64_formula(bits, clip):
     assert ((x_hat - x).abs()[inside] <= s_ref.expand_as(x)[inside] / 2 + 1e-3).all()
 
 
+@pytest.mark.parametrize("bits", [2, 4])
+def test_integer_zero_point_is_a_whole_number_of_steps(bits):
+    """OScaR's framework: z = round(-min / s), q = clamp(round(x / s) + z), x_hat = s * (q - z); stored as -s * z."""
+    x = torch.randn(6, 33, 32, dtype=torch.float64) * 3 + 0.5
+    codes, scale, zero = asym_quantize(x, bits, dim=-1, zero_point="integer")
+    s = ((x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / (2**bits - 1)).to(torch.float16).double()
+    z = torch.round(-x.amin(-1, keepdim=True) / s)
+    assert torch.equal(scale.double(), s)
+    assert torch.allclose(zero.double(), (-s * z).half().double())  # the offset, rounded to fp16 as stored
+    q_ref = (torch.round(x / s) + z).clamp(0, 2**bits - 1)
+    assert (codes.double() != q_ref).double().mean() < 1e-3  # float32 vs float64 ties only
+    x_hat = asym_dequantize(codes, scale, zero).double()
+    same = codes.double() == q_ref
+    assert ((x_hat - s * (q_ref - z)).abs()[same] < 1e-2 * s.expand_as(x)[same]).all()  # s * (q - z) up to fp16
+    assert ((x_hat - x).abs() <= s).all()  # the grid moved by at most half a step: error within one step
+    float_codes, _, float_zero = asym_quantize(x, bits, dim=-1)
+    assert not torch.equal(zero, float_zero)
+    with pytest.raises(ValueError, match="zero_point"):
+        asym_quantize(x, bits, dim=-1, zero_point="int")
+
+
 def test_constant_group_does_not_divide_by_zero():
     x = torch.full((2, 32), 1.25)
     codes, scale, zero = asym_quantize(x, 2, dim=-1)
