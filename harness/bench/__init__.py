@@ -47,6 +47,8 @@ def add_arguments(p) -> None:
     p.add_argument("--flex", action="store_true", help="also time compiled FlexAttention (slow to compile)")
     p.add_argument("--e2e-contexts", default=E2E_CONTEXTS)
     p.add_argument("--e2e-steps", type=int, default=20)
+    p.add_argument("--e2e-points", default="16x8192",
+                   help="comma list of BATCHxCONTEXT timed end to end besides batch 1 at --e2e-contexts")
     p.add_argument("--generate-contexts", default=GENERATE_CONTEXTS,
                    help="prompt lengths for the generate benchmark (make eval's path)")
     p.add_argument("--generate-tokens", type=int, default=256, help="new tokens per generate call")
@@ -373,18 +375,21 @@ def run_e2e(args) -> list[dict]:
     kernels = bench_kernels(args)
     model = build_model(cfg, kernels)
     rows = []
-    for ctx in (int(c) for c in args.e2e_contexts.split(",")):
+    points = [(1, int(c)) for c in args.e2e_contexts.split(",")]
+    points += [(int(b), int(c)) for b, c in (p.lower().split("x") for p in args.e2e_points.split(",") if p)]
+    for batch, ctx in points:
         for kind in ("bf16", "oscar"):
             try:
-                rows.append(e2e_point(model, cfg, kind, 1, ctx, args.e2e_steps, kernels))
+                rows.append(e2e_point(model, cfg, kind, batch, ctx, args.e2e_steps, kernels))
             except Exception as e:  # noqa: BLE001  (one failing point must not lose the others)
                 torch.cuda.empty_cache()
                 error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-                rows.append({"kind": kind, "context": ctx, "error": error})
+                rows.append({"kind": kind, "batch": batch, "context": ctx, "error": error})
             print(_e2e_line(rows[-1]), flush=True)
     ctx = max(int(c) for c in args.e2e_contexts.split(","))
     for kind in ("bf16", "oscar"):
-        probe = next((r for r in rows if r["kind"] == kind and r["context"] == ctx and "error" not in r), None)
+        probe = next((r for r in rows if r["kind"] == kind and r["context"] == ctx and r.get("batch") == 1
+                      and "error" not in r), None)
         rows.append({**largest_batch(model, cfg, kind, ctx, max(8, args.e2e_steps // 2), kernels, probe),
                      "largest": True})
         print(_e2e_line(rows[-1]), flush=True)

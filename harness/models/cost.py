@@ -22,6 +22,13 @@ from typing import Any
 import torch
 
 from quant.kernels.hf_decode import PackedStep
+from quant.rows import RowsStep
+
+
+def on_kernels(step) -> bool:
+    """Whether a layer's decode step hands the attention packed codes (a padded batch: every sequence's step)."""
+    return isinstance(step, PackedStep) or (isinstance(step, RowsStep) and all(isinstance(r, PackedStep)
+                                                                             for r in step.rows))
 
 
 class GenerationClock:
@@ -67,7 +74,7 @@ class KernelSteps:
 
             def update(*args, **kwargs):
                 out = self._update(*args, **kwargs)
-                if isinstance(out[0], PackedStep):  # the fused kernels attend over the codes (BF16's DenseStep: no)
+                if on_kernels(out[0]):  # the fused kernels attend over the codes (BF16's DenseStep: no)
                     self.count += 1
                 return out
 
@@ -103,7 +110,9 @@ def measure(device, cache, graphs=None):
         torch.cuda.synchronize(device)
     prefill, decode = clock.times()
     decoder = graphs() if callable(graphs) else graphs
-    replayed = decoder.counts["replayed"] if decoder is not None else 0
+    # replayed steps run the kernels of the step they captured: count them where that step was on the kernels
+    kernel_cache = getattr(getattr(cache, "method", None), "kernel_decode", False)
+    replayed = decoder.counts["replayed"] if decoder is not None and kernel_cache else 0
     figures.update(prefill_s=prefill, decode_s=decode, kernel_steps=kernel.count + replayed,
                    peak_cuda_bytes=int(torch.cuda.max_memory_allocated(device)) if cuda else None)
 

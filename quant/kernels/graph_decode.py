@@ -22,6 +22,8 @@ import warnings
 
 import torch
 
+from quant.rows import RowsLayer
+
 TOKEN_TYPES = ("token_type_ids", "mm_token_type_ids", "moe_mm_token_type_ids")
 
 
@@ -102,8 +104,9 @@ class GraphDecoder:
     def _graph_kwargs(self, kwargs):
         """The keywords a graph of this step takes, or None when the call is not a one-token step over this cache.
         What grows by a column every step under older transformers (5.17) is cut to this step's, as 5.23 passes it:
-        a 2D attention mask of ones is left out (the packed attention reads no mask; checking it reads it back, one
-        sync per step, as generate's stopping check does), and token-type ids keep their last column (the models
+        a 2D attention mask of ones (or any mask of a padded batch) is left out (the packed attention reads no mask;
+        checking it reads it back, one sync per step, as generate's stopping check does), and token-type ids keep
+        their last column (the models
         read them only to build position ids, which generate passes)."""
         ids = kwargs.get("input_ids")
         if not (kwargs.get("past_key_values") is self.cache and isinstance(ids, torch.Tensor) and ids.shape[-1] == 1
@@ -111,7 +114,11 @@ class GraphDecoder:
             return None
         call = dict(kwargs)
         mask = call.pop("attention_mask", None)
-        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2 or not bool(mask.all())):
+        # A padded batch's layers hand the attention per-sequence steps with their own lengths (quant/rows.py): its
+        # padding mask is not read either (generate passes the position ids it implies).
+        padded = any(isinstance(layer, RowsLayer) for layer in self.layers)
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2
+                                 or not (padded or bool(mask.all()))):
             return None
         for name in TOKEN_TYPES:  # transformers 5.17 passes Qwen3-VL's whole mm_token_type_ids (5.23: the step's)
             t = call.get(name)

@@ -15,7 +15,7 @@ A cache made from a config alone (no model to fold) rotates online.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -71,6 +71,10 @@ class OScaRConfig(MethodConfig):
         return OScaRLayer(self, ctx)
 
 
+# The code order each kernel backend's decode reads (quant/packed.py).
+DECODE_ORDER = {"cuda": "frag", "triton": "tl"}
+
+
 def token_norms(k_rot: torch.Tensor) -> torch.Tensor:
     """n_t = ||K_rot[b, :, t, :]||_2 over all KV heads and channels, float32 [B, T]; n <= 0 -> 1."""
     n = k_rot.float().pow(2).sum(dim=(1, 3)).sqrt()
@@ -119,7 +123,47 @@ def pack_block(k: torch.Tensor, v: torch.Tensor, config: OScaRConfig, rot: torch
     )
 
 
+HEADROOM = 256  # tokens of packed room a flush leaves beyond what it stores (growing copies the packed part)
+# Tokens packed in one pass: the reference pack's float32 temporaries of a long prompt stay this size (every group,
+# 32 tokens of keys or one token of values, lies inside a chunk, so chunking changes no code).
+PACK_CHUNK = 2048
+
+
+def _rows(q: QTensor, name: str, tokens: int) -> int:
+    """Rows along dim 2 of q's `name` tensor (codes, scale or zero) that `tokens` tokens take."""
+    if q.axis == -1:
+        return tokens
+    return tokens // (32 // q.bits) if name == "codes" else tokens // q.group
+
+
+def _buffer(like: QTensor, tokens: int, old: QTensor | None = None) -> QTensor:
+    """Zeroed buffers for `tokens` tokens laid out as `like`, holding `old`'s tokens at the start."""
+    parts = {}
+    for name in ("codes", "scale", "zero"):
+        t = getattr(like, name)
+        parts[name] = t.new_zeros(*t.shape[:2], _rows(like, name, tokens), *t.shape[3:])
+        if old is not None:
+            parts[name][:, :, :getattr(old, name).shape[2]] = getattr(old, name)
+    return replace(like, **parts)
+
+
+def _write(buf: QTensor, block: QTensor, at: int) -> None:
+    for name in ("codes", "scale", "zero"):
+        r = _rows(buf, name, at)
+        getattr(buf, name)[:, :, r:r + getattr(block, name).shape[2]] = getattr(block, name)
+
+
+def _head(buf: QTensor, tokens: int) -> QTensor:
+    """The first `tokens` tokens of a buffer (views)."""
+    return replace(buf, **{n: getattr(buf, n)[:, :, :_rows(buf, n, tokens)] for n in ("codes", "scale", "zero")})
+
+
 class OScaRLayer(QuantLayer):
+    """Packed tokens live in buffers with room to spare (`_kbuf`, `_vbuf`, `_nbuf`: HEADROOM tokens more than stored
+    after each growth), so a flush writes its block in place and the kernel path reads the buffers with the valid
+    length on the device (`_kv_lens`): no per-flush copy of the cache, no transient second copy. `k_q`, `v_q` and
+    `norms` are views of the stored tokens (what the reference path reads and nbytes() counts)."""
+
     def __init__(self, config, ctx):
         super().__init__(config, ctx)
         self.k_q: QTensor | None = None
@@ -131,6 +175,11 @@ class OScaRLayer(QuantLayer):
         self._win: tuple[torch.Tensor, torch.Tensor] | None = None  # the fast path's fixed window (see _fast_step)
         self._win_len: torch.Tensor | None = None
         self._values_rotated = True  # the cache rotates V (and the output back); see lazy_initialization
+        self._kbuf: QTensor | None = None  # packed buffers (see the class docstring); None: k_q/v_q/norms are all
+        self._vbuf: QTensor | None = None
+        self._nbuf: torch.Tensor | None = None
+        self._kv_lens: torch.Tensor | None = None  # int32 [B] on the device: the packed tokens, for the kernels
+        self._reserve = 0  # tokens to make room for at the next growth (fill_random knows the length ahead)
 
     def lazy_initialization(self, key_states, value_states):
         super().lazy_initialization(key_states, value_states)
@@ -148,16 +197,59 @@ class OScaRLayer(QuantLayer):
             start = 0 if self.k_q is None else self.k_q.num_tokens
             starts = aligned_starts(self.ctx.state.modalities, start, full, c.group_size) if c.align_modality_groups else None
             backend = self._backend()
-            k_q, v_q, norms = pack_block(self.k_res[..., :full, :], self.v_res[..., :full, :], c, self._rot, starts,
-                                         self._values_rotated, backend)
-            if (backend == "triton" and self.ctx.state.fast_decode and full % TL_BLOCK == 0
-                    and self.ctx.head_dim in (64, 128)):
-                # the order Triton's decode reads, converted once per flushed block rather than at every step
-                k_q, v_q = k_q.to_order("tl"), v_q.to_order("tl")
-            self.k_q, self.v_q = cat_optional(self.k_q, k_q), cat_optional(self.v_q, v_q)
-            if norms is not None:
-                self.norms = norms if self.norms is None else torch.cat([self.norms, norms], -1)
+            if starts is not None:  # variable groups: one block, appended as it comes
+                k_q, v_q, norms = pack_block(self.k_res[..., :full, :], self.v_res[..., :full, :], c, self._rot, starts,
+                                             self._values_rotated, backend)
+                self.k_q, self.v_q = cat_optional(self.k_q, k_q), cat_optional(self.v_q, v_q)
+                if norms is not None:
+                    self.norms = norms if self.norms is None else torch.cat([self.norms, norms], -1)
+            else:
+                if full > PACK_CHUNK:  # a long prompt: one allocation for all its chunks
+                    self._reserve = max(self._reserve, start + full + HEADROOM)
+                for t0 in range(0, full, PACK_CHUNK):  # groups never cross a chunk: the codes of one pass
+                    self._pack_store(self.k_res[..., t0:min(full, t0 + PACK_CHUNK), :],
+                                     self.v_res[..., t0:min(full, t0 + PACK_CHUNK), :], backend)
             self.k_res, self.v_res = self.k_res[..., full:, :], self.v_res[..., full:, :]
+
+    def _pack_store(self, k: torch.Tensor, v: torch.Tensor, backend: str | None) -> None:
+        """Pack a block of whole groups (the run's pack) and store it in the decode backend's code order."""
+        k_q, v_q, norms = pack_block(k, v, self.config, self._rot, None, self._values_rotated, backend)
+        order = DECODE_ORDER.get(backend) if self.ctx.state.fast_decode else None
+        if (order is not None and k_q.order != order and k.shape[-2] % TL_BLOCK == 0
+                and self.ctx.head_dim in (64, 128)):
+            # the order the backend's decode reads (the fused packs write CUDA's; the reference pack, which the
+            # integer zero point takes, the natural one): converted once per flushed block, never at a step
+            k_q, v_q = k_q.to_order(order), v_q.to_order(order)
+        self._store(k_q, v_q, norms)
+
+    def _store(self, k_q: QTensor, v_q: QTensor, norms: torch.Tensor | None) -> None:
+        """Write a packed block after the stored tokens, growing the buffers when it does not fit."""
+        n = 0 if self.k_q is None else self.k_q.num_tokens
+        if self.k_q is not None and k_q.order != self.k_q.order:
+            k_q, v_q = k_q.to_order(self.k_q.order), v_q.to_order(self.k_q.order)
+        full = k_q.num_tokens
+        if self._kbuf is None or n + full > self._kbuf.num_tokens:
+            self._grow(k_q, v_q, norms, max(n + full + HEADROOM, self._reserve))
+        _write(self._kbuf, k_q, n)
+        _write(self._vbuf, v_q, n)
+        if norms is not None:
+            self._nbuf[:, n:n + full] = norms
+        self._view(n + full)
+
+    def _grow(self, k_like: QTensor, v_like: QTensor, norms_like, tokens: int) -> None:
+        tokens = -(-tokens // TL_BLOCK) * TL_BLOCK
+        self._kbuf, self._vbuf = _buffer(k_like, tokens, self.k_q), _buffer(v_like, tokens, self.v_q)
+        self._nbuf = None
+        if norms_like is not None:
+            self._nbuf = norms_like.new_ones(norms_like.shape[0], tokens)
+            if self.norms is not None:
+                self._nbuf[:, :self.norms.shape[-1]] = self.norms
+
+    def _view(self, tokens: int) -> None:
+        self.k_q, self.v_q = _head(self._kbuf, tokens), _head(self._vbuf, tokens)
+        self.norms = self._nbuf[:, :tokens] if self._nbuf is not None else None
+        if self._kv_lens is not None:
+            self._kv_lens.fill_(tokens)
 
     def _backend(self) -> str | None:
         """The run's kernel backend on this layer's device (None before the first tokens arrive: pack_block's default)."""
@@ -201,13 +293,24 @@ class OScaRLayer(QuantLayer):
             self._win[1].index_copy_(2, pos, v)
             self._win_len.add_(1)
             self.advance_host()
-        kv = PackedKV(self.k_q, self.v_q, self.norms, self._win[0], self._win[1], self._rot, self._values_rotated)
+        if self._kbuf is None:  # nothing packed yet
+            kv, lens = PackedKV(None, None, None, self._win[0], self._win[1], self._rot, self._values_rotated), None
+        else:  # the whole buffers, the valid length on the device: the same shapes until the buffers grow
+            kv = PackedKV(self._kbuf, self._vbuf, self._nbuf, self._win[0], self._win[1], self._rot,
+                          self._values_rotated)
+            lens = self._kv_lens
         kernels = self.ctx.state.kernels
-        return PackedStep(kv, None, self._win_len, kernels.backend if kernels else None,
+        return PackedStep(kv, lens, self._win_len, kernels.backend if kernels else None,
                           kernels.wide_decode if kernels else True)
 
     def _open_window(self):
         b, h, n, d = self.k_res.shape
+        if self.k_q is not None and self._kbuf is None:  # packed state made elsewhere (a copy, a reorder): buffered
+            k_q, v_q, norms = self.k_q, self.v_q, self.norms
+            self.k_q = self.v_q = self.norms = None
+            self._store(k_q, v_q, norms)
+        if self._kbuf is not None:
+            self._kv_lens = torch.full((b,), self.k_q.num_tokens, dtype=torch.int32, device=self.k_res.device)
         self._win = tuple(torch.zeros(b, h, self.config.residual_length, d, dtype=x.dtype, device=x.device)
                           for x in (self.k_res, self.v_res))
         self._win[0][..., :n, :] = self.k_res
@@ -225,6 +328,7 @@ class OScaRLayer(QuantLayer):
         self.lazy_initialization(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
         r = self.config.residual_length
         chunk = max(r, chunk // r * r)
+        self._reserve = length // r * r + HEADROOM  # one allocation for the whole fill
         for t0 in range(0, length, chunk):
             n = min(chunk, length - t0)
             k, v = (torch.randn(batch, shape[1], n, shape[3], device=device, generator=g).to(dtype) for _ in range(2))
@@ -239,7 +343,7 @@ class OScaRLayer(QuantLayer):
         for name in other._state_names():
             value = getattr(other, name)
             setattr(self, name, value.map(torch.clone) if isinstance(value, QTensor) else value.clone())
-        self._win = None
+        self._win = self._kbuf = self._vbuf = self._nbuf = None
 
     def graph_ready(self) -> bool:
         """Whether the next decode step is the same device work as the last one: the window is open and the
@@ -260,7 +364,11 @@ class OScaRLayer(QuantLayer):
 
     def reset(self) -> None:
         super().reset()
-        self._win = None
+        self._win = self._kbuf = self._vbuf = self._nbuf = self._kv_lens = None
+
+    def _map_state(self, fn) -> None:
+        super()._map_state(fn)  # the views are new tensors now: the buffers are rebuilt from them when needed
+        self._win = self._kbuf = self._vbuf = self._nbuf = self._kv_lens = None
 
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The quantized part back in the model's basis, float32 [B, H, Tq, D] (None if empty)."""
