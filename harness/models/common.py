@@ -296,6 +296,7 @@ class MultimodalAdapter:
         for b, (feature, tokens) in enumerate(zip(features, row_tokens(new, eos))):
             kv_bytes = cache.row(b).nbytes() if cache is not None else {}
             cost = {**generation_cost(figures, len(tokens), kv_bytes), "batch": len(prompts)}
+            cost["kernel_steps"] = min(cost.get("kernel_steps") or 0, cost["decode_steps"])  # a row that ended early
             out.append(Generation(
                 text=self.tokenizer.decode(tokens, skip_special_tokens=True).strip(),
                 input_tokens=int(feature["input_ids"].shape[1]),

@@ -250,6 +250,9 @@ class OScaRLayer(QuantLayer):
         self.norms = self._nbuf[:, :tokens] if self._nbuf is not None else None
         if self._kv_lens is not None:
             self._kv_lens.fill_(tokens)
+        elif self._win is not None:  # the first flush on the kernel path (an eager step): the kernels need the length
+            self._kv_lens = torch.full((self._kbuf.codes.shape[0],), tokens, dtype=torch.int32,
+                                       device=self._kbuf.codes.device)
 
     def _backend(self) -> str | None:
         """The run's kernel backend on this layer's device (None before the first tokens arrive: pack_block's default)."""

@@ -103,6 +103,20 @@ def test_quantized_cache_switches_to_the_kernels_and_matches_the_reference():
     model.set_attn_implementation("sdpa")
 
 
+def test_a_short_prompt_flushes_its_first_block_during_decoding():
+    """Nothing packed at the prefill (100 tokens), the first block packed by a decode step: the kernel path reads
+    the packed buffers only up to their valid length, as the reference path does."""
+    model = tiny_qwen3()
+    prompt = torch.randint(0, 128, (1, 100), generator=torch.Generator().manual_seed(5)).to(DEV)
+    ref = decode_logits(model, make_cache("oscar", model, kernels=KernelOptions(backend="torch")), prompt, 40)
+    fast_cache = make_cache("oscar", model, kernels=KernelOptions(backend="triton"))
+    fast = decode_logits(model, fast_cache, prompt, 40)
+    layer = fast_cache.layers[0]
+    assert layer.k_q.num_tokens == 128 and layer._kbuf.num_tokens > 128 and int(layer._kv_lens[0]) == 128
+    assert torch.allclose(fast.float(), ref.float(), atol=2e-3, rtol=2e-3)
+    model.set_attn_implementation("sdpa")
+
+
 def test_left_padded_batches_stay_on_the_masked_reference_path():
     """The kernels take no attention mask: a batch of several sequences keeps the dense path (with the
     registered mask), so left padding gives the same tokens as the torch backend."""
