@@ -150,6 +150,12 @@ def check_zero_point(method: str, value: str) -> None:
           f"(x_hat = s * (q - round(-min / s))), got {value!r}")
 
 
+def own(x: torch.Tensor) -> torch.Tensor:
+    """`x`, copied when it is a small view of a larger tensor (a window's remainder after a flush of the prompt):
+    a view keeps its whole base alive, here the prompt's exact K/V of every layer until the cache is dropped."""
+    return x.clone() if x.untyped_storage().nbytes() > 2 * x.nbytes + 4096 else x
+
+
 def cat_tokens(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
     return b if a is None or a.shape[-2] == 0 else torch.cat([a, b], dim=-2)
 
@@ -212,7 +218,7 @@ class QuantLayer(CacheLayerMixin):
         if not full:
             return None
         block = self.k_res[..., :full, :], self.v_res[..., :full, :]
-        self.k_res, self.v_res = self.k_res[..., full:, :], self.v_res[..., full:, :]
+        self.k_res, self.v_res = own(self.k_res[..., full:, :]), own(self.v_res[..., full:, :])
         return block
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quant.methods.base import (MethodConfig, QuantLayer, block_flush_chunk, cat_tokens, check, check_pow2_group,
+from quant.methods.base import (MethodConfig, QuantLayer, block_flush_chunk, cat_tokens, own, check, check_pow2_group,
                                 check_zero_point)
 from quant.packed import QTensor, cat_optional, quantize
 
@@ -64,13 +64,13 @@ class KIVILayer(QuantLayer):
         if full:
             self.k_q = cat_optional(self.k_q, quantize(self.k_res[..., :full, :], c.key_bits, c.group_size, axis=-2,
                                                        zero_point=c.zero_point))
-            self.k_res = self.k_res[..., full:, :]
+            self.k_res = own(self.k_res[..., full:, :])
         self.v_res = cat_tokens(self.v_res, v)
         excess = full if c.value_flush == "block" else self.v_res.shape[-2] - c.residual_length
         if excess > 0:
             self.v_q = cat_optional(self.v_q, quantize(self.v_res[..., :excess, :], c.value_bits, c.group_size, axis=-1,
                                                        zero_point=c.zero_point))
-            self.v_res = self.v_res[..., excess:, :]
+            self.v_res = own(self.v_res[..., excess:, :])
 
     def _dense(self):
         k = self.k_res if self.k_q is None else torch.cat([self.out_dtype(self.k_q.dequantize()), self.k_res], -2)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from quant.methods.base import (MethodConfig, QuantLayer, block_flush_chunk, cat_tokens, check, check_pow2_group,
+from quant.methods.base import (MethodConfig, QuantLayer, block_flush_chunk, cat_tokens, own, check, check_pow2_group,
                                 check_zero_point)
 from quant.packed import TL_BLOCK, PackedKV, QTensor, cat_optional, quantize, quantize_segments
 from quant.primitives import hadamard
@@ -209,7 +209,7 @@ class OScaRLayer(QuantLayer):
                 for t0 in range(0, full, PACK_CHUNK):  # groups never cross a chunk: the codes of one pass
                     self._pack_store(self.k_res[..., t0:min(full, t0 + PACK_CHUNK), :],
                                      self.v_res[..., t0:min(full, t0 + PACK_CHUNK), :], backend)
-            self.k_res, self.v_res = self.k_res[..., full:, :], self.v_res[..., full:, :]
+            self.k_res, self.v_res = own(self.k_res[..., full:, :]), own(self.v_res[..., full:, :])
 
     def _pack_store(self, k: torch.Tensor, v: torch.Tensor, backend: str | None) -> None:
         """Pack a block of whole groups (the run's pack) and store it in the decode backend's code order."""

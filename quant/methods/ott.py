@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quant.methods.base import (MethodConfig, QuantLayer, block_flush_chunk, cat_tokens, check, check_pow2_group,
+from quant.methods.base import (MethodConfig, QuantLayer, block_flush_chunk, cat_tokens, own, check, check_pow2_group,
                                 check_zero_point)
 from quant.packed import QTensor, cat_optional, quantize, write_token
 
@@ -69,7 +69,7 @@ class OTTLayer(QuantLayer):
         full = (self.k_res.shape[-2] // c.residual_length) * c.residual_length
         if full:
             self._flush(self.k_res[..., :full, :], self.v_res[..., :full, :])
-            self.k_res, self.v_res = self.k_res[..., full:, :], self.v_res[..., full:, :]
+            self.k_res, self.v_res = own(self.k_res[..., full:, :]), own(self.v_res[..., full:, :])
 
     def _flush(self, kb: torch.Tensor, vb: torch.Tensor) -> None:
         b, h, t, d = kb.shape

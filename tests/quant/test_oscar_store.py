@@ -43,3 +43,18 @@ def test_flushes_grow_the_buffers_and_keep_every_block():
     assert torch.equal(layer.k_q.codes, once.k_q.codes) and torch.equal(layer.v_q.zero, once.v_q.zero)
     assert torch.equal(layer.norms, once.norms)
     assert layer.nbytes() == once.nbytes()  # views of the stored tokens: the headroom is not counted
+
+
+def test_the_window_does_not_keep_the_prompt_alive():
+    """After the prefill's flush the window holds its remainder in tensors of its own: a view would keep the whole
+    prompt's exact K/V of every layer alive (more memory than BF16's cache)."""
+    g = torch.Generator().manual_seed(2)
+    k, v = torch.randn(1, 2, 700, 64, generator=g), torch.randn(1, 2, 700, 64, generator=g)
+    cfg = type("Cfg", (), {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                           "hidden_size": 256, "num_hidden_layers": 1})()
+    for method in ("oscar", "kivi", "ott", "quarot", "turboquant"):
+        layer = quant.make_cache(method, config=cfg).layers[0]
+        layer.update(k, v)
+        for window in (layer.k_res, layer.v_res):
+            assert window.shape[-2] == 700 - 640 or method == "kivi", method
+            assert window.untyped_storage().nbytes() <= 2 * window.nbytes + 4096, method
