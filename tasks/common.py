@@ -10,6 +10,9 @@ from typing import Any, Callable
 
 COMPLETE_MARKER = "COMPLETE"
 
+# Audio tasks resample every clip to this rate (MMAU-Pro; the audio towers of the omni models read 16 kHz).
+AUDIO_SAMPLE_RATE = 16_000
+
 
 def cache_root() -> Path:
     """$OSCAR_EVAL_CACHE, else ~/.cache/oscar-eval."""

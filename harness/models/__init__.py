@@ -6,16 +6,8 @@ Weights load offline: from `model_path` (or the MODEL_PATH environment variable)
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    hub_id: str
-    family: str  # text | llava | qwen3_vl | qwen3_omni
-    adapter: str  # "module:Class"
-    default_task: str
+from harness.models.base import ModelSpec
 
 
 def _spec(name, hub_id, family, adapter, task):
@@ -51,7 +43,8 @@ def get_spec(name: str) -> ModelSpec:
 
 
 def load(name: str, kernels=None, **options):
-    """Load a registered model and return its adapter. Options: model_path, device, dtype, device_map.
+    """Load a registered model and return its adapter. Options: model_path, device, dtype, device_map, weights
+    ("real", or "random": the published architecture with seeded random weights), seed.
 
     `kernels` (quant.kernels.KernelOptions; default: the defaults) says which of the project's layer kernels a GPU
     model gets (quant.kernels.patch_model: RMSNorm, RoPE and decode-sized linear layers) and goes to every cache
@@ -62,7 +55,18 @@ def load(name: str, kernels=None, **options):
     spec = get_spec(name)
     module_name, class_name = spec.adapter.split(":")
     adapter_cls = getattr(importlib.import_module(module_name), class_name)
-    adapter = adapter_cls.load(spec, **options)
+    if options.get("weights") == "random" and not spec.hub_id.startswith("random:"):
+        # the published architecture with seeded random weights, made on the device (harness/models/shaped.py)
+        from harness.models.shaped import load_random
+
+        if spec.family == "text":
+            from harness.models.text import default_device
+
+            options["device"] = default_device(options.get("device"))
+        adapter = load_random(adapter_cls, spec, device=options.get("device"), dtype=options.get("dtype"),
+                              device_map=options.get("device_map"), seed=options.get("seed", 0))
+    else:
+        adapter = adapter_cls.load(spec, **options)
     adapter.kernels = kernels or KernelOptions()
     from quant.kernels import patch_model
 

@@ -28,6 +28,18 @@ class Prompt:
     system: str | None = None
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered model: its short name, hub id, family (text | llava | qwen3_vl | qwen3_omni), adapter
+    ("module:Class") and default task (harness/models/__init__.py holds the registry)."""
+
+    name: str
+    hub_id: str
+    family: str
+    adapter: str
+    default_task: str
+
+
 @dataclass
 class Generation:
     """What one `generate` call produced and cost."""

@@ -194,12 +194,8 @@ class MultimodalAdapter:
 
     @classmethod
     def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None, weights="real", seed=0):
-        """Weights from `model_path` / MODEL_PATH / a warm HF cache (see resolve_weights); weights="random": the
-        published architecture with seeded random weights made on `device` (harness/models/shaped.py)."""
-        if weights == "random":
-            from harness.models.shaped import load_random
-
-            return load_random(cls, spec, device=device, dtype=dtype, device_map=device_map, seed=seed)
+        """Weights from `model_path` / MODEL_PATH / a warm HF cache (see resolve_weights). weights="random" (the
+        published architecture with seeded random weights) is built by harness.models.load (harness/models/shaped.py)."""
         check_weights(weights)
         path = resolve_weights(spec.hub_id, model_path)
         try:

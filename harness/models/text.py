@@ -102,11 +102,7 @@ class TextAdapter:
 
     @classmethod
     def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None, weights="real", seed=0):
-        """weights="random": the published architecture with seeded random weights made on `device`."""
-        if weights == "random":
-            from harness.models.shaped import load_random
-
-            return load_random(cls, spec, device=default_device(device), dtype=dtype, device_map=device_map, seed=seed)
+        """The checkpoint's weights (weights="random" is built by harness.models.load: harness/models/shaped.py)."""
         from harness.models.common import check_weights
 
         check_weights(weights)

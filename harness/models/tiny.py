@@ -29,7 +29,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from harness.models import ModelSpec
+from harness.models.base import ModelSpec
 from harness.models.common import parse_dtype, without_video
 from harness.models.llava import LlavaAdapter
 from harness.models.qwen3_omni import Qwen3OmniAdapter

@@ -31,7 +31,7 @@ from tasks.mmau_pro.aif import clean_kwargs
 HUB_ID = "gamma-lab-umd/MMAU-Pro"
 ENV_PATH = "MMAU_PRO_PATH"
 ENV_AUDIO = "MMAU_PRO_AUDIO"
-SAMPLE_RATE = 16_000
+SAMPLE_RATE = common.AUDIO_SAMPLE_RATE
 HOW_TO = (
     f"point {ENV_PATH} (or --data) at a folder with test.parquet and the audio (data/ or data.zip) of "
     f"the hub dataset {HUB_ID}, or warm the HF cache with it; use data='generated' for the project's small set"

@@ -18,7 +18,7 @@ import numpy as np
 
 from tasks.common import COMPLETE_MARKER, ensure_built
 
-from tasks.mmau_pro.data import SAMPLE_RATE
+from tasks.common import AUDIO_SAMPLE_RATE as SAMPLE_RATE
 
 GENERATOR_VERSION = 1
 SEED = 20250819
