@@ -17,6 +17,7 @@ Two lmms-eval habits are neutralised here:
 from __future__ import annotations
 
 import gc
+import os
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,13 @@ class OscarEvalLMM(lmms):
             raise ValueError("pass the model name: --model_args model=<oscar-eval registry name>,quant=<preset>")
         self.model_name = name
         self.method = quant_lib.get_method(quant, **parse_options(quant_options))
+        ranks = int(os.environ.get("WORLD_SIZE", "1"))
+        if ranks > 1 and device_map is not None:
+            raise ValueError(f"device_map={device_map!r} under {ranks} processes: each process holds a whole model on "
+                             "its own GPU; drop device_map, or run one process with device_map=auto")
+        if device is None and torch.cuda.is_available():  # accelerate launch: each process on its own GPU
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        self._device = torch.device(device or "cpu")
         self.load_options = {"model_path": model_path, "device": device, "dtype": dtype, "device_map": device_map}
         self.max_new_tokens = int(max_new_tokens)
         self.batch_size = int(batch_size)
@@ -102,19 +110,47 @@ class OscarEvalLMM(lmms):
     def tokenizer(self):
         return self.adapter.tokenizer
 
+    @property
+    def device(self) -> torch.device:
+        """The process's device (lmms-eval reads it to count instances across processes)."""
+        return self._device
+
     def generate_until(self, requests) -> list[str]:
+        """Answers in request order; `batch_size` requests of one task and one generation setting share a
+        left-padded generate (each gets its batch-1 tokens, harness/models/batching.py)."""
         out = []
-        for request in requests:
-            context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
-            try:
-                visuals = doc_to_visual(self.task_dict[task][split][doc_id]) if doc_to_visual else []
-                max_new = int(gen_kwargs.get("max_new_tokens", self.max_new_tokens))
-                gen = self.adapter.generate(to_prompt(context, visuals), self.method, max_new_tokens=max_new)
-            except Exception as err:
-                raise RuntimeError(f"oscar-eval {self.model_name}/{self.method.name}: task {task} doc {doc_id} "
-                                   f"failed ({type(err).__name__}: {err}); not answering it with ''") from err
-            out.append(cut_at_stops(gen.text, gen_kwargs.get("until")))
+        for start in range(0, len(requests), self.batch_size):
+            chunk = [r.args for r in requests[start:start + self.batch_size]]
+            prompts, settings = [], []
+            for context, gen_kwargs, doc_to_visual, doc_id, task, split in chunk:
+                try:
+                    visuals = doc_to_visual(self.task_dict[task][split][doc_id]) if doc_to_visual else []
+                    prompts.append(to_prompt(context, visuals))
+                except Exception as err:
+                    raise self._failed(task, doc_id, err) from err
+                settings.append(int(gen_kwargs.get("max_new_tokens", self.max_new_tokens)))
+            out += [cut_at_stops(g.text, args[1].get("until")) for g, args in zip(self._answer(prompts, settings, chunk),
+                                                                                    chunk)]
         return out
+
+    def _answer(self, prompts, settings, chunk):
+        one_setting = len(set(settings)) == 1
+        try:
+            if len(prompts) > 1 and one_setting and hasattr(self.adapter, "generate_batch"):
+                return self.adapter.generate_batch(prompts, self.method, max_new_tokens=settings[0])
+        except Exception as err:
+            raise self._failed(chunk[0][4], [c[3] for c in chunk], err) from err
+        answers = []
+        for prompt, max_new, args in zip(prompts, settings, chunk):
+            try:
+                answers.append(self.adapter.generate(prompt, self.method, max_new_tokens=max_new))
+            except Exception as err:
+                raise self._failed(args[4], args[3], err) from err
+        return answers
+
+    def _failed(self, task, doc_id, err) -> RuntimeError:
+        return RuntimeError(f"oscar-eval {self.model_name}/{self.method.name}: task {task} doc {doc_id} "
+                            f"failed ({type(err).__name__}: {err}); not answering it with ''")
 
     def loglikelihood(self, requests):
         raise NotImplementedError("oscar-eval models only generate (generate_until); pick a generation task")

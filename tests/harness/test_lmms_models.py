@@ -79,3 +79,21 @@ def test_entry_point_loads_after_our_module_without_a_cycle():
     assert "Failed to load model entry-point" not in proc.stdout + proc.stderr
     listed = proc.stdout.strip().splitlines()[-1]
     assert listed == str(["oscar_eval", "oscar_llava", "oscar_qwen3_omni", "oscar_qwen3_vl"])
+
+
+def test_batch_size_answers_as_one_at_a_time():
+    """lmms-eval's batch_size: requests share a left-padded generate and each gets its own batch-1 answer."""
+    docs = {"ocr": {"test": [{"image": Image.new("RGB", (40 + 8 * i, 32), (200, 40 + 50 * i, 40))} for i in range(3)]}}
+
+    def requests():
+        return [Instance("generate_until", (f"Read line {i} of this sign. " * (i + 1), {}, lambda doc: [doc["image"]], i,
+                                            "ocr", "test"), idx=0, metadata={"task": "ocr", "doc_id": i, "repeats": 1})
+                for i in range(3)]
+
+    answers = {}
+    for size in (1, 3):
+        model = lmms.OscarEvalLMM(model="tiny-qwen3-vl", quant="oscar", max_new_tokens=5, batch_size=size)
+        model.task_dict = docs
+        answers[size] = model.generate_until(requests())
+        assert str(model.device) == "cpu"
+    assert answers[3] == answers[1] and len(answers[1]) == 3
