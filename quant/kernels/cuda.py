@@ -56,7 +56,7 @@ def target_arch(device: torch.device | None = None) -> str:
 
 # Rows of one CTA (one split, the window folded, V's rotation in the weights) of at most this many packed tokens run
 # csrc's decode_row_kernel: the window after the groups in the same state, the output written without a merge
-# (oscar_combine.cuh; longer rows lose more in its group loop than they save, run 132).
+# (oscar_combine.cuh; longer rows lose more in its group loop than they save, measured on an H100).
 ROW_KERNEL_TOKENS = 24576
 
 
@@ -96,7 +96,8 @@ def load(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: b
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
     return cpp_load(name=name, sources=[str(CSRC / "oscar_bindings.cu")], extra_cuda_cflags=build_flags(
-        head_dim, arch, min_blocks, warps), extra_include_paths=[str(CSRC)], build_directory=str(build), verbose=verbose)
+        head_dim, arch, min_blocks, warps), extra_include_paths=[str(CSRC)], build_directory=str(build),
+        verbose=verbose)
 
 
 LAYER_SOURCES = ("layer_bindings.cu", "include/oscar_type16.cuh", "include/oscar_gemv.cuh", "include/oscar_rmsnorm.cuh",
@@ -222,21 +223,21 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 
 # The decode's two builds, (min_blocks, warps): NARROW, CTAs of 4 warps, up to 3 an SM (two at batch 1, where each row
 # has many splits); WIDE, CTAs of 8 warps, one an SM. At batch 1 an SM's two 4-warp CTAs end their loops apart (its
-# older CTA's warps are issued first: Qwen3 1 x 128K's second CTAs end 2.6 us later, run 122) and each writes a partial;
-# one 8-warp CTA streams as fast as the two, and its row has half the partials to merge. Run 152 (H100, two passes,
-# dirty / read-only flush us, NARROW -> WIDE): the thinker's 1 x 4K 13.0 / 13.7-13.9 -> 12.5-12.8 / 13.0-13.1, 1 x 32K
-# 20.7 / 20.3-20.4 -> 18.8-18.9 / 18.3-19.1, 1 x 128K (32 splits and the window CTA, one merge level where NARROW
-# needs 64 splits in two) 35.9-36.1 / 35.3-35.6 -> 33.5-33.6 / 31.8-32.1; Qwen3 1 x 32K 24.1 / 22.7-23.1 -> 22.7-22.8 /
-# 22.0-22.1, 1 x 128K (16 splits, the window folded) 53.0 / 48.4-48.5 -> 51.6-51.7 / 47.2-48.0. It loses where rows
-# fill the SMs (LLaVA 1 x 128K 147.3-147.9 -> 157.3-166.6 clean; the thinker's 16 x 32K 83.2-83.8 -> 98.3-98.6) and at
-# Qwen3's 1 x 4K (13.2-13.6 -> 13.9-14.0 clean: 11 splits of 12 groups leave 8 warps one or two each).
-# Run 155 (H100, two passes) where the rule had no measurement: WIDE wins the thinker's batch 2 at every length (2 x 4K
-# 13.6 / 13.3 against 14.0 / 14.2, 2 x 128K 52.4 / 49.0 against 62.3 / 52.0) and Qwen3's 1 x 16K (17.9 / 17.5 against
-# 18.2 / 18.4); it ties Qwen3's 1 x 8K and loses or ties from 16 rows on (the thinker's 4 x 8K 20.0 / 19.1 against
-# 18.5 / 18.4, 8 x 32K 66.5 / 64.5 against 53.1 / 48.5; Qwen3's 2 x 16K-128K). So 8 query rows a KV head (the
-# thinker's 32 / 4 heads; Qwen3's 32 / 8 with 2 query tokens, run 158: 1 x 4K 13.6 / 12.9 against 13.9 / 14.0) take
-# it at any length where a row has >= 16 SMs; Qwen3's 4 only from WIDE_MIN_TOKENS.
-# On by default since run 154 (both builds' GPU tests in one process, then the whole bench against run 149);
+# older CTA's warps are issued first: Qwen3 1 x 128K's second CTAs end 2.6 us later in an H100 trace) and each writes a
+# partial; one 8-warp CTA streams as fast as the two, and its row has half the partials to merge. Measured on an H100
+# (two passes, dirty / read-only flush us, NARROW -> WIDE): the thinker's 1 x 4K 13.0 / 13.7-13.9 -> 12.5-12.8 /
+# 13.0-13.1, 1 x 32K 20.7 / 20.3-20.4 -> 18.8-18.9 / 18.3-19.1, 1 x 128K (32 splits and the window CTA, one merge level
+# where NARROW needs 64 splits in two) 35.9-36.1 / 35.3-35.6 -> 33.5-33.6 / 31.8-32.1; Qwen3 1 x 32K 24.1 / 22.7-23.1 ->
+# 22.7-22.8 / 22.0-22.1, 1 x 128K (16 splits, the window folded) 53.0 / 48.4-48.5 -> 51.6-51.7 / 47.2-48.0. It loses
+# where rows fill the SMs (LLaVA 1 x 128K 147.3-147.9 -> 157.3-166.6 clean; the thinker's 16 x 32K 83.2-83.8 ->
+# 98.3-98.6) and at Qwen3's 1 x 4K (13.2-13.6 -> 13.9-14.0 clean: 11 splits of 12 groups leave 8 warps one or two each).
+# Measured on an H100 (two passes) where the rule had no measurement: WIDE wins the thinker's batch 2 at every length
+# (2 x 4K 13.6 / 13.3 against 14.0 / 14.2, 2 x 128K 52.4 / 49.0 against 62.3 / 52.0) and Qwen3's 1 x 16K (17.9 / 17.5
+# against 18.2 / 18.4); it ties Qwen3's 1 x 8K and loses or ties from 16 rows on (the thinker's 4 x 8K 20.0 / 19.1
+# against 18.5 / 18.4, 8 x 32K 66.5 / 64.5 against 53.1 / 48.5; Qwen3's 2 x 16K-128K). So 8 query rows a KV head (the
+# thinker's 32 / 4 heads; Qwen3's 32 / 8 with 2 query tokens: 1 x 4K 13.6 / 12.9 against 13.9 / 14.0) take it at any
+# length where a row has >= 16 SMs; Qwen3's 4 only from WIDE_MIN_TOKENS.
+# On by default once both builds' GPU tests ran in one process and the whole bench was compared with the earlier one;
 # KernelOptions(wide_decode=False) keeps every launch on NARROW.
 NARROW, WIDE = (3, 4), (1, 8)
 WIDE_MIN_TOKENS = 16384
@@ -266,15 +267,15 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
                      warps: int | None = None, wide: bool = True) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
-    Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel
-    reads codes in the "frag" order (what pack_kv writes); a cache in the natural order is converted first
-    (correct but slow). min_blocks: CTAs per SM the build's register budget allows with up to 8 query rows
-    per KV head, warps: of a CTA (together a specialization; default `specialization`'s choice: NARROW, or WIDE for
-    steps of a few rows, see `wide_plan`; given either, the other defaults to NARROW's); waves: force a split-KV plan
-    of that many waves of the device's resident CTAs (SMs * min_blocks) instead of `plan_splits`. window_cta: give the full-precision window its own CTA,
-    scheduled first (default: when one wave holds it beside >= 8 splits per row, see `separate_window`), else
-    it is folded into the last split's CTA. trace (diagnostics): an int64 CUDA tensor of
-    (splits + 1) * B * Hkv * 8 that receives per-CTA %globaltimer stamps (harness/bench/dev/sweep_splits.py).
+    Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel reads codes
+    in the "frag" order (what pack_kv writes); a cache in the natural order is converted first (correct but slow).
+    min_blocks: CTAs per SM the build's register budget allows with up to 8 query rows per KV head, warps: of a CTA
+    (together a specialization; default `specialization`'s choice: NARROW, or WIDE for steps of a few rows, see
+    `wide_plan`; given either, the other defaults to NARROW's); waves: force a split-KV plan of that many waves of the
+    device's resident CTAs (SMs * min_blocks) instead of `plan_splits`. window_cta: give the full-precision window its
+    own CTA, scheduled first (default: when one wave holds it beside >= 8 splits per row, see `separate_window`), else
+    it is folded into the last split's CTA. trace (diagnostics): an int64 CUDA tensor of (splits + 1) * B * Hkv * 8 that
+    receives per-CTA %globaltimer stamps (harness/bench/dev/sweep_splits.py).
     order: which CTAs the block scheduler starts first (`cta_order`; default: the planner's). merge_group: 0 merges the
     splits in one level, G > 0 in two (groups of G splits first; needs window_cta); default `merge_plan`'s choice.
     """
@@ -335,21 +336,21 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     packed tokens and `residual` window tokens on `sms` SMs with room for `min_blocks` CTAs each.
 
     A single wave is planned by where its slowest SM ends (`slowest_sm`): the block scheduler deals CTA i to the
-    same SM as CTA i + sms (H100 traces, runs 31-35), so a split count that puts three long CTAs on a few SMs
+    same SM as CTA i + sms (H100 traces), so a split count that puts three long CTAs on a few SMs
     while the rest hold two ends late. On the H100 (clean L2): 1x128K 32 splits (2 long CTAs on every SM) 48.1
     us, 47 (3 on 112 SMs) 51.9, 33 (3 long on 6 SMs) 62.5; llava 1x128K with window CTAs 11 splits 157.9, 7 165.8,
-    8 202.7; 16x32K 2 splits 154.6, 3 158.3 (runs 32-35). While the rows fit one wave, plans of several waves compete
+    8 202.7; 16x32K 2 splits 154.6, 3 158.3. While the rows fit one wave, plans of several waves compete
     too (`_best_plan`); beyond, `plan_splits`'s wave rule decides. A plan of a few waves in which the folded window
     would weigh >= 1/4 of a split gives the windows their own CTAs instead, started last (`waves_with_window`,
     `cta_order`; 64x4K: 2 splits + 512 window CTAs, 99.7 us after the dirty flush, against 3 splits with the window
-    folded 105.8, runs 80-81). A one-wave plan of two splits per row whose rows fill each SM's first slot makes the
-    first split the longer and starts it first (`paired_splits`; 16x32K about 1 us, runs 125-127).
+    folded 105.8). A one-wave plan of two splits per row whose rows fill each SM's first slot makes the
+    first split the longer and starts it first (`paired_splits`; 16x32K about 1 us).
 
     Where `separate_window` gives the window its own CTA, the best one-wave plan with the window folded competes too,
     and wins where its slowest SM ends sooner and its grid puts more than one CTA on an SM. Rows of 32 x 128K: 11
     splits and 32 window CTAs put three 11.9K-token splits on 110 SMs and three window CTAs on 11; 8 splits with the
     window folded put two 16.5K-token splits on 124 SMs: 171.7 / 158.6 -> 161.2 / 150.6 us (LLaVA 1 x 128K, dirty /
-    read-only flush, run 138). Of the other such plans (16K-128K tokens, 12-40 rows) measured in runs 138 and 140,
+    read-only flush). Of the other such plans (16K-128K tokens, 12-40 rows) measured on the H100,
     all but one gained 1-8% after the read-only flush, and none lost more than 0.3 us after the dirty one but Qwen3
     3 x 16K (+1.3 us, +5%; +0.5 us clean). Folded plans of one CTA an SM (8K tokens and less) lost up to 12% (LLaVA
     1 x 8K, 7 splits and window CTAs against 4 folded), so they stay out."""
@@ -397,7 +398,7 @@ def waves_with_window(tokens: int, rows: int, slots: int, most: int = 8) -> tupl
     the splits' count whose CTAs plus the windows' fill their waves best (ties: fewer). The block scheduler hands
     freed slots the next CTA, so the short window CTAs fill the last wave's gaps instead of lengthening one split
     per row. `decode_plan` takes it when a folded window would weigh >= 1/4 of a split and the grid is a few waves
-    (H100, runs 80-81, dirty / read-only flush us):
+    (H100, dirty / read-only flush us):
     - qwen3 64 x 4K (window 683 weighed tokens against 1408-token splits, 3.9 waves): 3 splits, window folded,
       105.8-105.9 / 98.8-99.2; 2 splits and the window CTAs last 99.6-100.5 / 91.0-91.5 (in row order 109.3 / 101.0);
     - where the window is light against a split, folding stays: qwen3 14 x 128K 7 splits folded 522.6 / 496.7 against
@@ -414,8 +415,8 @@ def waves_with_window(tokens: int, rows: int, slots: int, most: int = 8) -> tupl
 
 
 # A CTA's fixed cost (query load, partial write and arrival: ~4 us) in packed tokens streamed meanwhile (~12 GB/s per
-# CTA, 100 bytes a token), and the speed of an SM holding one CTA against two or three (run 14: 16x32K with one
-# split per row 217 us, two 187; run 37 at 14x128K: 738 and 550, so 0.86 is on the mild side).
+# CTA, 100 bytes a token), and the speed of an SM holding one CTA against two or three (H100: 16x32K with one
+# split per row 217 us, two 187; at 14x128K: 738 and 550, so 0.86 is on the mild side).
 CTA_COST_TOKENS = 480
 ONE_CTA_SM_SPEED = 0.86
 
@@ -427,7 +428,8 @@ def cta_costs(tokens: int, split: int, splits: int, window_cta: bool, residual: 
     win = residual * WINDOW_TOKEN_WEIGHT
     row = [win + CTA_COST_TOKENS] if window_cta else []
     for i in range(splits):
-        row.append(min(split, tokens - i * split) + CTA_COST_TOKENS + (win if not window_cta and i == splits - 1 else 0))
+        last_win = win if not window_cta and i == splits - 1 else 0
+        row.append(min(split, tokens - i * split) + CTA_COST_TOKENS + last_win)
     return row
 
 
@@ -444,7 +446,7 @@ def slowest_sm(tokens: int, rows: int, split: int, splits: int, sms: int, window
 def waves_cost(costs: list[float], sms: int, per_sm: int) -> float:
     """Work of the slowest SM, in packed tokens, for a grid of more CTAs than resident slots (sms * per_sm): each
     wave of `slots` CTAs (a partial last one too) costs per_sm of the longest CTA. Partial waves end as late as full
-    ones in run 55's sweeps (14 x 128K: 7 splits, 784 CTAs in 1.98 waves, 499 us; 8 splits, 896 CTAs in 2.26 waves,
+    ones in H100 sweeps (14 x 128K: 7 splits, 784 CTAs in 1.98 waves, 499 us; 8 splits, 896 CTAs in 2.26 waves,
     540 us), so the plans this picks among are the fullest (`plan_splits`' busy rule)."""
     slots = sms * per_sm
     return -(-len(costs) // slots) * per_sm * max(costs)
@@ -452,7 +454,7 @@ def waves_cost(costs: list[float], sms: int, per_sm: int) -> float:
 
 # Among one-wave plans the cost model ties (short steps, where the window's own CTA is the costliest in packed tokens
 # whatever the split count), the most splits up to this: shorter splits end the step sooner, and up to 16 partials a
-# row one merge round takes them all (run 115, clean L2: Qwen3 1 x 2K 3 splits 14.4 us -> 15 splits 12.1, 1 x 4K 7
+# row one merge round takes them all (H100, clean L2: Qwen3 1 x 2K 3 splits 14.4 us -> 15 splits 12.1, 1 x 4K 7
 # -> 11 splits 15.0 -> 13.8; the thinker's 1 x 1K 2 -> 7 15.3 -> 13.5, 1 x 4K 7 -> 16 16.1 -> 15.0).
 TIE_MOST_SPLITS = 16
 
@@ -461,7 +463,7 @@ TIE_MOST_SPLITS = 16
 def _best_plan(tokens: int, rows: int, sms: int, room: int, residual: int, window_cta: bool):
     """The cheaper of the best one-wave plan (`slowest_sm` over every split count that fits one wave) and, when up
     to 8 splits can overfill it, the several-wave plan whose last wave is fullest (`waves_cost`); ties go to one
-    wave. Several waves win when the rows slightly exceed the SMs (run 55, clean L2: 14 x 128K, 112 rows, 7 splits
+    wave. Several waves win when the rows slightly exceed the SMs (H100, clean L2: 14 x 128K, 112 rows, 7 splits
     499 us against the best single wave's 542; 17 x 128K, 136 rows, 8 splits 627 against 780), not at 10 x 128K (3
     splits in one wave 376 us, 8 splits 402) nor 16 x 32K. One-wave ties: TIE_MOST_SPLITS."""
     window = 0 if window_cta else residual
@@ -491,11 +493,11 @@ def plan_splits(tokens: int, rows: int, slots: int, block: int = 128, most: int 
     folded into one of them, so the grid is rows * splits CTAs over `slots` resident ones. Up to one wave:
     fill it (splits = slots // rows; `decode_plan` chooses among the counts by their slowest SM); beyond: the
     splits (<= `most`) whose CTAs fill the waves they need best (ties: fewer splits), e.g. 512 rows on 396 slots
-    -> 3 splits (3.9 of 4 waves busy); `want` forces the count. window: full-precision tokens the last split's CTA also attends to; in a single wave, where the
-    slowest CTA ends the step, the splits are sized as if the row held their weight in packed tokens too, so that
-    split comes out shorter by about that much (16 x 32K: 11136, 11136, 10368 tokens instead of 3 x 10880: 170.2 ->
-    166.9 us, run 27); over several waves the scheduler evens the CTAs out and longer splits only cost (64 x 4K
-    109.3 -> 111.2 us)."""
+    -> 3 splits (3.9 of 4 waves busy); `want` forces the count. window: full-precision tokens the last split's CTA also
+    attends to; in a single wave, where the slowest CTA ends the step, the splits are sized as if the row held their
+    weight in packed tokens too, so that split comes out shorter by about that much (16 x 32K: 11136, 11136, 10368
+    tokens instead of 3 x 10880: 170.2 -> 166.9 us); over several waves the scheduler evens the CTAs out and longer
+    splits only cost (64 x 4K 109.3 -> 111.2 us)."""
     if tokens == 0:
         return block, 0
     if want is None and rows <= slots:
@@ -520,7 +522,7 @@ def cta_order(rows: int, splits: int, window_cta: bool, slots: int, sms: int | N
     them last, so that the short window CTAs fill the last wave's gaps (`waves_with_window`). A plan of `paired_splits`
     starts the window-carrying last splits last too: each SM's first CTA is a row's longer first split. Everything
     else goes row by row: the planner's `slowest_sm` model of one wave deals CTA i to SM i mod SMs in that order, and
-    starting the window-carrying last splits first measured slower (run 80, dirty flush: qwen3 64 x 4K 109.6-109.9
+    starting the window-carrying last splits first measured slower (H100, dirty flush: qwen3 64 x 4K 109.6-109.9
     against 105.8-106.5 us, llava 64 x 4K 372.1 against 351.3; within 1% either way at 14 and 17 x 128K).
     sms: the device's SMs (default slots / 3)."""
     if window_cta and splits >= 1 and rows * (splits + 1) > slots:
@@ -530,9 +532,9 @@ def cta_order(rows: int, splits: int, window_cta: bool, slots: int, sms: int | N
     return ORDER_ROWS
 
 
-# An SM's first CTA ends before its second (its warps are issued first): in run 122's trace of Qwen3 16 x 32K (two
+# An SM's first CTA ends before its second (its warps are issued first): in an H100 trace of Qwen3 16 x 32K (two
 # equal splits per row, the first CTA of every SM a row's first split) the first CTAs' loops took 133 us, the second
-# ones' 140. Run 125: the first split longer by this factor than the second with the window (17280 and 15360 + 128
+# ones' 140. With the first split longer by this factor than the second with the window (17280 and 15360 + 128
 # window tokens) and started first: 163.2 / 154.0 / 146.2 -> 162.0 / 151.1 / 144.4 us (dirty / clean / warm).
 FIRST_CTA_SHARE = 1.08
 
@@ -553,7 +555,7 @@ def paired_split_tokens(tokens: int, residual: int) -> int:
 
 def separate_window(rows: int, slots: int) -> bool:
     """Whether the window gets its own CTA: it runs once per step from a cold instruction cache (4 us at 1x4K,
-    13 us at 1x128K beside the splits' DRAM traffic, run 19), so off the splits' critical path it is hidden, but
+    13 us at 1x128K beside the splits' DRAM traffic), so off the splits' critical path it is hidden, but
     it takes a resident slot per row: worth it when one wave holds the window CTAs beside >= 8 splits per row
     (batch-1 steps), not for batched steps. `decode_plan` still weighs the folded plan against it."""
     return rows * 9 <= slots
@@ -565,9 +567,9 @@ def merge_plan(splits: int, rows: int, head_dim: int, window_cta: bool, threads:
     rows = (Hq / Hkv) * Lq query rows per KV head; threads: of the CTA. A merging thread keeps 8 partials' loads in
     flight and threads / (head_dim / 8) rows' threads share the work, so one CTA merges per round of L2 latency
     G = 8 * max(1, threads_per_pass / rows) partials; two levels are used where one would take more than four such
-    rounds (the Qwen3-Omni thinker at 1 x 128K: 64 splits of 8 rows, 8 rounds, the merge 8-11 us, run 100), and need
+    rounds (the Qwen3-Omni thinker at 1 x 128K: 64 splits of 8 rows, 8 rounds, the merge 8-11 us), and need
     the window in its own CTA. At four rounds one level wins: the two-level kernel is ~4 us slower after a read-only
-    flush and gains <= 0.6 us after the dirty one (run 119, the thinker's 1 x 16K-64K, 26-32 splits), where at 64
+    flush and gains <= 0.6 us after the dirty one (the thinker's 1 x 16K-64K, 26-32 splits), where at 64
     splits it gains 4 us dirty for +0.5 clean."""
     per_round = 8 * max(1, (threads // (head_dim // 8)) // max(rows, 1))
     return per_round if window_cta and splits > 4 * per_round else 0
@@ -590,9 +592,9 @@ _NO_TRACE = _EmptyPerDevice()
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Arrival counters of the split merge, n = B Hkv (1 + merge groups per row); the kernel returns each to 0 itself (zeroed
-    once, a decode step is one launch, graph-capturable). One buffer per device: decode calls on one device must not
-    run concurrently on different streams."""
+    """Arrival counters of the split merge, n = B Hkv (1 + merge groups per row); the kernel returns each to 0 itself
+    (zeroed once, a decode step is one launch, graph-capturable). One buffer per device: decode calls on one device must
+    not run concurrently on different streams."""
     buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
