@@ -1,5 +1,5 @@
 // Torch-free translation unit that instantiates every kernel specialization, so CI can check that the
-// sources compile for sm_90a with the machine's nvcc alone (tests/test_csrc_compile.py).
+// sources compile for sm_90a with the machine's nvcc alone (tests/kernels/test_csrc.py).
 #include "include/oscar_decode.cuh"
 #include "include/oscar_pack.cuh"
 

@@ -18,13 +18,13 @@ constexpr int kMaxSplits = 1024;  // split-KV partials per (b, kv head), residua
 #define OSCAR_STAGES 4  // an experiment's build flag (OSCAR_KERNEL_FLAGS, quant/kernels/cuda.py)
 #endif
 #ifndef OSCAR_WARM_MERGE
-#define OSCAR_WARM_MERGE 1  // row 0's window CTA runs the merge's code early (decode_split_kernel; 0 for A/B, run 147)
+#define OSCAR_WARM_MERGE 1  // row 0's window CTA runs the merge's code early (decode_split_kernel; 0 for A/B)
 #endif
 #ifndef OSCAR_WARM_MERGE_ROWS
 #define OSCAR_WARM_MERGE_ROWS 8  // ... where a row has at least this many query rows per KV head (the thinker's 8)
 #endif
 #ifndef OSCAR_EVICT_FIRST
-#define OSCAR_EVICT_FIRST 1  // stream the cache with an L2 evict-first policy (0: normal, for A/B; run 38)
+#define OSCAR_EVICT_FIRST 1  // stream the cache with an L2 evict-first policy (0: normal, for A/B)
 #endif
 constexpr int kStages = OSCAR_STAGES;  // cp.async pipeline depth per warp (32-token groups in flight)
 
@@ -106,7 +106,7 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 // the slot's parity only (a D = 64 k-step mixes slots S and S + 4). The keys' offset B is folded into their
 // biases (slot_base); the values' codes are centred by one HADD2 (neg_center_pair). Larger offsets would save
 // shifts (fields at p = 4, B = 64: 2 shifts per word for D = 128) but cost accuracy: the tensor cores' fp32 sums
-// lose the low bits of B * sum(q s) - measured in NOTES.md, run 15.
+// lose the low bits of B * sum(q s), as measured.
 template <int D>
 struct SlotMap {
   // Shift right by shift(s) (negative: left); the field then sits at bit pos(s).

@@ -47,7 +47,7 @@ __global__ void read_floor_kernel(const uint4* src, int64_t words, int64_t per_c
 
 // The decode kernel's path: cp.async with the L2 evict-first policy into a two-slot shared ring per thread
 // (kFloorUnroll words a slot, two slots in flight), each slot XORed from shared memory once it lands. (The
-// evict-first hint on ld.global.nc above measured no different from none, run 39; on cp.async it keeps the lines
+// evict-first hint on ld.global.nc above measured no different from none; on cp.async it keeps the lines
 // a dirty flush left from being written back during the read.)
 __global__ void read_floor_async_kernel(const uint4* src, int64_t words, int64_t per_cta, unsigned* sink) {
   extern __shared__ uint4 ring[];  // [2][kFloorUnroll][blockDim.x]

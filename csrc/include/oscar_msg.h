@@ -1,6 +1,6 @@
 // Numbers and shapes for TORCH_CHECK messages, formatted without iostreams. On the H100 device image (torch 2.11,
 // CUDA 13) a check whose message streamed an integer segfaulted in these nvcc-built extensions instead of raising
-// (run 82: the pack's token-count check), while messages of strings and dtypes raised as they should; std::to_string
+// (the pack's token-count check), while messages of strings and dtypes raised as they should; std::to_string
 // does not go through the stream's number formatting.
 #pragma once
 #include <string>
