@@ -29,7 +29,7 @@ def test_sources_compile_for_sm90a(tmp_path):
     for kernel in ("decode_split_kernel", "pack_kernel", "gemv_kernel"):
         assert kernel in res.stderr, f"{kernel} was not compiled"
     # No STB_GNU_UNIQUE symbols: one would be shared by every build loaded in a process (narrow and WIDE decode), so a
-    # launch's one-time setup done by one build would be skipped by the other (run 153)
+    # launch's one-time setup done by one build would be skipped by the other (seen on an H100)
     if shutil.which("nm"):
         syms = subprocess.run(["nm", "-C", str(tmp_path / "check.o")], capture_output=True, text=True).stdout
         unique = [line for line in syms.splitlines() if line.split()[-2:-1] == ["u"] or " u " in line]
@@ -83,10 +83,10 @@ def test_wide_build_is_its_own_specialization():
 
 
 def test_wide_build_takes_the_batch_one_steps(monkeypatch):
-    # On by default; wide=False (KernelOptions.wide_decode) keeps every launch narrow. With 132 SMs: the thinker's 4 KV heads at batch 1
-    # (>= 32 SMs a row) at every length, and at batch 2 (16.5 SMs a row, 8 query rows a KV head) too; Qwen3's 8 (4
-    # query rows) from 16K packed tokens (at 4K the narrow build measured faster, run 152); LLaVA's 32 and steps of
-    # 16 or more rows stay narrow (runs 152, 155).
+    # On by default; wide=False (KernelOptions.wide_decode) keeps every launch narrow. With 132 SMs: the thinker's 4 KV
+    # heads at batch 1 (>= 32 SMs a row) at every length, and at batch 2 (16.5 SMs a row, 8 query rows a KV head) too;
+    # Qwen3's 8 (4 query rows) from 16K packed tokens (at 4K the narrow build measured faster); LLaVA's 32 and steps of
+    # 16 or more rows stay narrow (as measured on an H100).
     spec = kcuda.specialization
     assert spec(130944, 4, 132, query_rows=8, wide=False) == kcuda.NARROW
     assert spec(3968, 4, 132, query_rows=8) == kcuda.WIDE == (1, 8) and spec(130944, 4, 132) == kcuda.WIDE
@@ -98,7 +98,7 @@ def test_wide_build_takes_the_batch_one_steps(monkeypatch):
     # a caller's choice stands; the other half of the pair comes from NARROW
     assert spec(130944, 4, 132, min_blocks=3) == (3, 4) and spec(130944, 4, 132, min_blocks=1) == (1, 4)
     assert spec(3968, 32, 132, warps=8) == (3, 8)
-    # the wide plans measured in run 152: one CTA an SM; a folded plan competes with the window CTAs there
+    # the wide plans measured on an H100: one CTA an SM; a folded plan competes with the window CTAs there
     assert kcuda.decode_plan(130944, 4, 132, 1, 64) == (4096, 32, True)  # thinker 1 x 128K: 132 CTAs
     assert kcuda.decode_plan(32640, 4, 132, 1, 64) == (1024, 32, True)  # thinker 1 x 32K
     assert kcuda.decode_plan(130944, 8, 132, 1, 64) == (8320, 16, False)  # Qwen3 1 x 128K: 128 CTAs
@@ -174,7 +174,8 @@ def test_cuda_decode_launch_orders_agree_bit_for_bit(window_cta):
                                    window_cta=window_cta, order=o) for o in (0, 1, 2)]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     ref = attention_f64(q.cpu(), kv, 0.088, kv_lens, res_lens)
-    assert relative_error(outs[1], ref) <= 2 * relative_error(attention_bf16(q.cpu(), kv, 0.088, kv_lens, res_lens), ref)
+    bf16_err = relative_error(attention_bf16(q.cpu(), kv, 0.088, kv_lens, res_lens), ref)
+    assert relative_error(outs[1], ref) <= 2 * bf16_err
     with pytest.raises(ValueError, match="order must be"):
         kcuda.decode_attention(q, kv, 0.088, order=3)
 
@@ -212,7 +213,7 @@ def test_batch_one_decode_takes_the_wide_build(monkeypatch):
 
 @pytest.mark.cuda_kernels
 def test_binding_checks_raise_with_their_numbers():
-    # Run 82: a failing check whose message streamed an integer segfaulted in these extensions on the device image;
+    # A failing check whose message streamed an integer segfaulted in these extensions on the device image;
     # numbers and shapes now enter messages through std::to_string (csrc/include/oscar_msg.h).
     k = torch.randn(1, 2, 48, 128, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="multiple of 32 tokens, got 48"):
@@ -221,8 +222,9 @@ def test_binding_checks_raise_with_their_numbers():
     x = torch.randn(2, 12, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="got n 12"):
         layers.rms_norm(x, torch.ones(12, device="cuda", dtype=torch.bfloat16), 1e-6)
-    x, w = torch.randn(3, 24, device="cuda", dtype=torch.bfloat16), torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match=r"\[n, 24\] CUDA tensor .* got \[8, 16\]"):  # run 83's message
+    x = torch.randn(3, 24, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"\[n, 24\] CUDA tensor .* got \[8, 16\]"):  # shapes in the message
         layers.gemv(x, [w], [torch.empty(0)], torch.empty(0), 1)
 
 
@@ -233,7 +235,8 @@ def test_several_wave_plan_with_window_ctas_last_matches_oracle():
     kv = random_packed_kv(64, 8, 320, 90, 64, seed=4, device="cuda", rotate_values=False)
     q = torch.randn(64, 32, 1, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).cuda()
     plan = kcuda.launch_plan(q, kv)
-    assert plan["window_cta"] and plan["order"] == kcuda.ORDER_SPECIAL_LAST and plan["ctas"] == 512 * (plan["splits"] + 1)
+    assert plan["window_cta"] and plan["order"] == kcuda.ORDER_SPECIAL_LAST
+    assert plan["ctas"] == 512 * (plan["splits"] + 1)
     out = kcuda.decode_attention(q, kv, 0.125)
     assert torch.equal(out, kcuda.decode_attention(q, kv, 0.125, window_cta=True, order=kcuda.ORDER_ROWS,
                                                    split_tokens=plan["split_tokens"]))
@@ -261,10 +264,10 @@ def test_paired_split_plan_matches_oracle():
 
 def test_cta_order_starts_window_ctas_last_over_several_waves():
     # One wave keeps rows in order (the planner's slowest-SM model assumes it); several waves with the windows in their
-    # own CTAs start those last (run 80: qwen3 64 x 4K 2 splits + window CTAs 100.5 us vs 109.3 in row order).
+    # own CTAs start those last (H100: qwen3 64 x 4K 2 splits + window CTAs 100.5 us vs 109.3 in row order).
     assert kcuda.cta_order(8, 32, True, 396) == kcuda.ORDER_ROWS  # 1 x 128K, one wave
     assert kcuda.cta_order(96, 3, False, 396) == kcuda.ORDER_ROWS  # one wave, three splits
-    # 16 x 32K: two splits per row and an SM's two CTAs from two rows; the rows' first splits start first (run 125)
+    # 16 x 32K: two splits per row and an SM's two CTAs from two rows; the rows' first splits start first
     assert kcuda.cta_order(128, 2, False, 396) == kcuda.ORDER_SPECIAL_LAST
     assert kcuda.cta_order(128, 2, False, 768, sms=256) == kcuda.ORDER_ROWS  # 256 SMs: one CTA each
     assert kcuda.cta_order(512, 2, True, 396) == kcuda.ORDER_SPECIAL_LAST  # 64 x 4K: 1536 CTAs
@@ -315,8 +318,8 @@ def test_cuda_decode_two_level_merge(d, group, merge_group):
 
 def test_merge_plan_uses_two_levels_past_four_rounds():
     # One merging CTA takes 8 partials per round per row-sharing part (128 threads, 8 channels each): Qwen3 1 x 128K
-    # (32 splits, 4 rows, 2 parts) stays one level; the Omni thinker's 64 splits of 8 rows (8 rounds, run 100) go two,
-    # its 32 splits at 1 x 32K-64K (4 rounds) stay one (run 119)
+    # (32 splits, 4 rows, 2 parts) stays one level; the Omni thinker's 64 splits of 8 rows (8 rounds) go two,
+    # its 32 splits at 1 x 32K-64K (4 rounds) stay one
     assert kcuda.merge_plan(32, 4, 128, True) == 0
     assert kcuda.merge_plan(64, 8, 128, True) == 8
     assert kcuda.merge_plan(32, 8, 128, True) == 0
@@ -451,40 +454,40 @@ def test_split_plan_fills_the_resident_ctas():
 
 
 def test_decode_plan_picks_the_single_wave_whose_slowest_sm_ends_first():
-    # 132 SMs with room for 3 CTAs each; CTA i runs beside CTA i + 132. The plans measured fastest on the H100
-    # (runs 32-35): qwen3 1x128K 32 splits (two long CTAs on every SM; 33 would put three on 6 SMs), llava 1x128K 11,
+    # 132 SMs with room for 3 CTAs each; CTA i runs beside CTA i + 132. The plans measured fastest on the H100:
+    # qwen3 1x128K 32 splits (two long CTAs on every SM; 33 would put three on 6 SMs), llava 1x128K 11,
     # 16x32K 2 (the window folded, weighed into the last split), 1x32K 32; several waves keep the wave rule.
     assert kcuda.decode_plan(130944, 8, 132, 3, 64) == (4096, 32, True)
     assert kcuda.slowest_sm(130944, 8, 3968, 33, 132, True, 64) > 1.4 * kcuda.slowest_sm(130944, 8, 4096, 32, 132,
                                                                                             True, 64)
     # 32 rows (LLaVA 1 x 128K): 8 splits with the window folded, two long CTAs on 124 SMs, beat 11 splits and the window
-    # CTAs, three long CTAs on 110 SMs (run 138: 171.7 / 158.6 -> 161.2 / 150.6 us); the model says so too
+    # CTAs, three long CTAs on 110 SMs (H100: 171.7 / 158.6 -> 161.2 / 150.6 us); the model says so too
     assert kcuda.decode_plan(130944, 32, 132, 3, 64) == (16512, 8, False)
     assert kcuda.decode_plan(130944, 32, 132, 3, 64, window_cta=True) == (11904, 11, True)
     assert kcuda.slowest_sm(130944, 32, 16512, 8, 132, False, 64) < kcuda.slowest_sm(130944, 32, 11904, 11, 132,
                                                                                          True, 64)
     assert kcuda.decode_plan(32640, 32, 132, 3, 128) == (4224, 8, False)  # LLaVA 1 x 32K (was 7 and window CTAs)
     # a folded plan of one CTA an SM lost where the model preferred it (LLaVA 1 x 8K: 4 folded splits, 128 CTAs, +12%
-    # after the read-only flush, run 138): the window CTAs stay
+    # after the read-only flush): the window CTAs stay
     assert kcuda.decode_plan(8064, 32, 132, 3, 128, window_cta=False) == (2304, 4, False)
     assert kcuda.decode_plan(8064, 32, 132, 3, 128) == (1152, 7, True)
-    # 16 x 32K: the first split (each SM's first CTA) 8% longer than the second with the window (run 125)
+    # 16 x 32K: the first split (each SM's first CTA) 8% longer than the second with the window
     assert kcuda.decode_plan(32640, 128, 132, 3, 128) == (17280, 2, False)
     assert 17280 / (32640 - 17280 + 128 * kcuda.WINDOW_TOKEN_WEIGHT) == pytest.approx(kcuda.FIRST_CTA_SHARE, abs=0.01)
     assert kcuda.paired_split_tokens(300, 0) == 256 and kcuda.paired_split_tokens(1000, 128) == 896  # two splits
     assert kcuda.decode_plan(32640, 8, 132, 3, 128) == (1024, 32, True)
     # several waves: where a folded window would weigh >= 1/4 of a split, the windows get their own CTAs, started
-    # last (runs 80-81: 64 x 4K 99.6-100.5 us against 105.8 for 3 splits, window folded); light windows stay folded
+    # last (H100: 64 x 4K 99.6-100.5 us against 105.8 for 3 splits, window folded); light windows stay folded
     assert kcuda.decode_plan(3968, 512, 132, 3, 128) == (2048, 2, True)  # 1024 split + 512 window CTAs, 3.9 waves
     assert kcuda.decode_plan(3968, 512, 132, 3, 128, window_cta=False) == (1408, 3, False)  # 1536 CTAs, 3.9 waves
     assert kcuda.decode_plan(3968, 2048, 132, 3, 128) == (896, 5, False)  # llava 64 x 4K: 26 waves, folded
     assert kcuda.decode_plan(32640, 512, 132, 3, 128) == (10880, 3, False)  # llava 16 x 32K: a light window
     assert kcuda.decode_plan(4096, 300, 132, 3, 0) == (4096, 1, False)  # one wave of one split per row
-    # rows just above the SMs: several nearly full waves beat one uneven wave (run 55), but not at 80 rows
+    # rows just above the SMs: several nearly full waves beat one uneven wave, but not at 80 rows
     assert kcuda.decode_plan(130944, 112, 132, 3, 64) == (18816, 7, False)  # 14 x 128K: 784 CTAs in 1.98 waves
     assert kcuda.decode_plan(130944, 136, 132, 3, 64) == (16384, 8, False)  # 17 x 128K: 1088 CTAs in 2.75 waves
     assert kcuda.decode_plan(130944, 80, 132, 3, 64) == (43776, 3, False)
-    # short steps, where the window CTA's weight ties every count: the most splits up to 16 (run 115)
+    # short steps, where the window CTA's weight ties every count: the most splits up to 16
     assert kcuda.decode_plan(3968, 8, 132, 3, 128) == (384, 11, True)  # qwen3 1 x 4K (was 7 splits)
     assert kcuda.decode_plan(1920, 8, 132, 3, 128) == (128, 15, True)  # qwen3 1 x 2K (was 3)
     assert kcuda.decode_plan(3968, 4, 132, 3, 128) == (256, 16, True)  # the thinker's 1 x 4K (was 7)
@@ -497,7 +500,7 @@ def test_decode_plan_picks_the_single_wave_whose_slowest_sm_ends_first():
 
 def test_trace_summary_phases():
     # harness/bench/dev/sweep_splits.py reads the kernel's per-CTA %globaltimer stamps (ns) into phases: three
-    # quantized CTAs and a separate window CTA (no quantized stamps) that arrives last and merges, as in run 17.
+    # quantized CTAs and a separate window CTA (no quantized stamps) that arrives last and merges, as traced on an H100.
     from harness.bench.dev.sweep_splits import summarize_trace
 
     base = 1_000_000
