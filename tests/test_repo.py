@@ -1,5 +1,5 @@
 """The repository's hygiene: lint clean, no import circles, the library never imports the harness, no provenance
-("run 12", "session 3") in code, tests or docs: the history is git log."""
+(a diary's run or session numbers) in code, tests or docs: the history is git log."""
 from __future__ import annotations
 
 import ast
