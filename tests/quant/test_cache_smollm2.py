@@ -103,18 +103,19 @@ def test_cache_built_for_the_wrong_model_says_so(smol):
 
 
 def test_perplexity_ranks_methods_on_real_prose(smol):
-    """One 512-token context + 64 scored tokens (the full run in the README uses 17 windows of 1024+128)."""
-    task = PerplexityTask(context=512, continuation=64)
+    """One window: 256 tokens of context + 192 scored, past the 128-token window (docs/METHODS.md has the
+    22-window run of 1024 + 512 to quote)."""
+    task = PerplexityTask(context=256, continuation=192)
     item = task.load(None, 1)[0]
     ppl = {}
-    for name in ("bf16", "kivi", "oscar", "quarot"):
+    for name in ("bf16", "kivi", "oscar", "quarot-own-paper"):
         rec = task.run_item(smol, quant.get_method(name), item)
         ppl[name] = rec["scores"]["ppl"]
+        assert rec["window"] == quant.get_method(name).window
     assert all(math.isfinite(v) for v in ppl.values())
-    assert ppl["oscar"] < ppl["kivi"] < ppl["quarot"], ppl  # QuaRot K2V2 without a window is far worse
-    # measured here: bf16 22.89, oscar 25.62 (+12%), kivi 31.25, quarot 151.1 on this single short window;
-    # the README's 17-window run is the figure to quote
-    assert ppl["oscar"] <= ppl["bf16"] * 1.15, ppl
+    assert ppl["oscar"] < ppl["kivi"] < ppl["quarot-own-paper"], ppl  # QuaRot K2V2 without a window is far worse
+    # measured: bf16 16.88, oscar 20.05 (+19%), kivi 21.59, quarot-own-paper 69.9 on this one short window
+    assert ppl["oscar"] <= ppl["bf16"] * 1.25, ppl
 
 
 def passkey_prompt(tok, key: str, depth_chars: int = 1500, length_chars: int = 3000):
@@ -128,7 +129,7 @@ def test_retrieval_of_a_pass_key_through_the_quantized_cache(smol):
     """The key sits ~400 tokens deep in ~800 tokens of real prose, all of it packed at 2 bits."""
     keys = ["48213", "90577", "31846"]
     found = {}
-    for name in ("bf16", "oscar", "quarot"):
+    for name in ("bf16", "oscar", "quarot-own-paper"):
         hits = 0
         for key in keys:
             ids = passkey_prompt(smol.tokenizer, key)
@@ -138,4 +139,4 @@ def test_retrieval_of_a_pass_key_through_the_quantized_cache(smol):
         found[name] = hits
     assert found["bf16"] == len(keys), found
     assert found["oscar"] == found["bf16"], found
-    assert found["quarot"] < found["oscar"], found
+    assert found["quarot-own-paper"] < found["oscar"], found
