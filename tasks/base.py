@@ -48,12 +48,14 @@ def refuse_unreadable(task: Any, model: str, specs: dict[str, Any]) -> None:
     needs = set(getattr(task, "modalities", ()))
     family = specs[model].family
     if family not in FAMILY_READS:
-        raise ValueError(f"model family {family!r} of {model} is missing from tasks.base.FAMILY_READS; add what it reads")
+        raise ValueError(f"model family {family!r} of {model} is missing from tasks.base.FAMILY_READS; "
+                         "add what it reads")
     missing = needs - set(FAMILY_READS[family])
     if missing:
         able = sorted(name for name, spec in specs.items() if needs <= set(FAMILY_READS.get(spec.family, ())))
         raise ValueError(f"{model} cannot run {task.name}: it reads {', '.join(FAMILY_READS[family])}, the task needs "
-                         f"{', '.join(sorted(needs))} (no {', '.join(sorted(missing))}); models that can: {', '.join(able) or 'none'}")
+                         f"{', '.join(sorted(needs))} (no {', '.join(sorted(missing))}); "
+                         f"models that can: {', '.join(able) or 'none'}")
 
 
 def failure_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -48,8 +48,9 @@ class MMAUProTask:
     modalities = ("audio", "text")
     primary_metric = "overall"  # the official weighted score; open_ended / good_rate / aif beside it
 
-    def __init__(self, judge: str | None = None, embedder: str | None = None, judge_max_new_tokens: int = judge.MAX_NEW_TOKENS,
-                 judge_seed: int = judge.SEED, device: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS):
+    def __init__(self, judge: str | None = None, embedder: str | None = None,
+                 judge_max_new_tokens: int = judge.MAX_NEW_TOKENS, judge_seed: int = judge.SEED,
+                 device: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS):
         """judge / embedder: specs for judge.load_judge / embed.load_embedder (None: env var, then the
         default); max_new_tokens and judge_max_new_tokens: official 128 / 512, smaller only for smoke runs."""
         self.max_new_tokens = max_new_tokens
@@ -162,7 +163,8 @@ class MMAUProTask:
     def describe(self) -> dict[str, Any]:
         """Settings a result should record: prompt, decoding, and the scorers asked for (the ones
         actually used are in each record's "scorer" and in aggregate()["scorers"])."""
-        settings = {"prompt": "question + lettered choices", "decoding": "greedy", "max_new_tokens": self.max_new_tokens,
+        settings = {"prompt": "question + lettered choices", "decoding": "greedy",
+                    "max_new_tokens": self.max_new_tokens,
                     "judge": self.judge_spec or os.environ.get(judge.ENV) or judge.OFFICIAL,
                     "judge_max_new_tokens": self.judge_max_new_tokens, "judge_seed": self.judge_seed,
                     "judge_temperature": judge.TEMPERATURE,

@@ -139,7 +139,8 @@ def _in_range(n1: str, n2: str, count: Callable[[str], int]) -> Checker:
 CHECKERS: dict[str, Checker] = {
     "Include Keywords": lambda r, k, q: all(w.lower() in r.lower() for w in _split_list(k.get("keywords", ""))),
     "Keyword Frequency": lambda r, k, q: count_keyword(r, k.get("keyword", "")) == k.get("N", 0),
-    "Forbidden Words": lambda r, k, q: not any(w.lower() in r.lower() for w in _split_list(k.get("forbidden_words", ""))),
+    "Forbidden Words": lambda r, k, q: not any(w.lower() in r.lower()
+                                               for w in _split_list(k.get("forbidden_words", ""))),
     "Number Paragraphs": lambda r, k, q: count_paragraphs(r) == k.get("N", 0),
     "Number Words (at least)": lambda r, k, q: count_words(r) >= k.get("N", 0),
     "Number Words (at most)": lambda r, k, q: count_words(r) <= k.get("N", 0),

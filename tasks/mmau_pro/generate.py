@@ -22,8 +22,10 @@ from tasks.common import AUDIO_SAMPLE_RATE as SAMPLE_RATE
 
 GENERATOR_VERSION = 1
 SEED = 20250819
-NOTES = {"C4": 261.63, "D4": 293.66, "E4": 329.63, "F4": 349.23, "G4": 392.00, "A3": 220.00, "A4": 440.00, "B3": 246.94, "D3": 146.83, "F3": 174.61}
-CHORDS = {"C major": ("C4", "E4", "G4"), "A minor": ("A3", "C4", "E4"), "G major": ("G4", "B3", "D4"), "D minor": ("D3", "F3", "A3")}
+NOTES = {"C4": 261.63, "D4": 293.66, "E4": 329.63, "F4": 349.23, "G4": 392.00, "A3": 220.00, "A4": 440.00,
+         "B3": 246.94, "D3": 146.83, "F3": 174.61}
+CHORDS = {"C major": ("C4", "E4", "G4"), "A minor": ("A3", "C4", "E4"), "G major": ("G4", "B3", "D4"),
+          "D minor": ("D3", "F3", "A3")}
 SOUNDS = ("a steady pure tone", "white noise", "a rising pitch sweep", "silence")
 
 
@@ -79,13 +81,16 @@ def write_wav(path: Path, samples: np.ndarray) -> None:
 def _closed(rng: random.Random, question: str, answer: str, options: list[str], clips, category: str, sub: str):
     options = options[:]
     rng.shuffle(options)
-    return {"question": question, "answer": answer, "choices": options, "clips": clips, "category": category, "sub-cat": sub}
+    return {"question": question, "answer": answer, "choices": options, "clips": clips, "category": category,
+            "sub-cat": sub}
 
 
 def closed_items(rng: random.Random, nrng: np.random.Generator) -> dict[str, list[dict[str, Any]]]:
     sound = [_closed(rng, "Which best describes the sound in the audio?", label, list(SOUNDS),
-                     [sound_clip(label, nrng)], "sound", "sound identification") for label in ("white noise", "a rising pitch sweep", "a steady pure tone")]
-    music = [_closed(rng, "Which chord is played in the audio?", name, list(CHORDS), [chord(CHORDS[name], 1.5)], "music", "chord")
+                     [sound_clip(label, nrng)], "sound", "sound identification")
+             for label in ("white noise", "a rising pitch sweep", "a steady pure tone")]
+    music = [_closed(rng, "Which chord is played in the audio?", name, list(CHORDS), [chord(CHORDS[name], 1.5)],
+                     "music", "chord")
              for name in ("C major", "A minor")]
     count = rng.choice((3, 4))
     notes = [rng.choice(list(NOTES)) for _ in range(count)]
@@ -94,19 +99,23 @@ def closed_items(rng: random.Random, nrng: np.random.Generator) -> dict[str, lis
     multi = [
         _closed(rng, "Which of the two clips is louder?", "the second clip", ["the first clip", "the second clip"],
                 [tone(330.0, 1.0, 0.05), tone(330.0, 1.0, 0.5)], "sound-music", "multi-audio loudness"),
-        _closed(rng, "Which of the two clips has the higher pitch?", "the first clip", ["the first clip", "the second clip"],
-                [tone(880.0, 1.0), tone(220.0, 1.0)], "sound-music", "multi-audio pitch"),
+        _closed(rng, "Which of the two clips has the higher pitch?", "the first clip",
+                ["the first clip", "the second clip"], [tone(880.0, 1.0), tone(220.0, 1.0)], "sound-music",
+                "multi-audio pitch"),
     ]
     return {"sound": sound, "music": music, "sound-music": multi}
 
 
 def open_items(nrng: np.random.Generator) -> list[dict[str, Any]]:
     return [
-        {"question": "Describe what you hear in the audio.", "answer": "Three notes rising in pitch: C, E and G, played one after another.",
+        {"question": "Describe what you hear in the audio.",
+         "answer": "Three notes rising in pitch: C, E and G, played one after another.",
          "choices": [], "clips": [sequence(["C4", "E4", "G4"])], "category": "open", "sub-cat": "description"},
-        {"question": "How do the two clips differ?", "answer": "The first clip is a steady tone; the second clip is noise.",
+        {"question": "How do the two clips differ?",
+         "answer": "The first clip is a steady tone; the second clip is noise.",
          "choices": [], "clips": [tone(440.0, 1.0), noise(1.0, nrng)], "category": "open", "sub-cat": "comparison"},
-        {"question": "What happens to the pitch during the audio?", "answer": "The pitch rises steadily from low to high.",
+        {"question": "What happens to the pitch during the audio?",
+         "answer": "The pitch rises steadily from low to high.",
          "choices": [], "clips": [sweep(150.0, 1500.0, 1.5)], "category": "open", "sub-cat": "description"},
     ]
 
@@ -147,7 +156,8 @@ def aif_items(nrng: np.random.Generator) -> list[dict[str, Any]]:
     makers = (lambda: tone(440.0, 1.0), lambda: sweep(300.0, 900.0, 1.0), lambda: noise(1.0, nrng),
               lambda: chord(CHORDS["C major"], 1.0))
     return [{"question": f"Describe the audio. {instruction}", "answer": "", "choices": [], "clips": [makers[i % 4]()],
-             "category": "instruction following", "sub-cat": identifier, "task_identifier": identifier, "kwargs": kwargs}
+             "category": "instruction following", "sub-cat": identifier, "task_identifier": identifier,
+             "kwargs": kwargs}
             for i, (identifier, instruction, kwargs) in enumerate(AIF_RULES)]
 
 
@@ -188,7 +198,8 @@ def build(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
         for k, clip in enumerate(item.pop("clips")):
             paths.append(f"data/gen-{n:04d}-{k}.wav")
             write_wav(target / paths[-1], clip)
-        kind = {"open": "open-ended", "instruction following": "instruction following"}.get(item["category"], "closed-ended")
+        kinds = {"open": "open-ended", "instruction following": "instruction following"}
+        kind = kinds.get(item["category"], "closed-ended")
         rows.append({"id": f"gen-{n:04d}", "audio_path": paths, "task_identifier": item.get("task_identifier"),
                      "kwargs": item.get("kwargs"), "length_type": "short", "perceptual_skills": [],
                      "reasoning_skills": [], "transcription": None, "task_classification": kind,

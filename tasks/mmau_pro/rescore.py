@@ -35,7 +35,8 @@ def _failure(error: str) -> str:
     return "generation" if "generation failed" in error else "audio" if "audio" in error else "other"
 
 
-def rescore_record(task: MMAUProTask, record: dict[str, Any], item: dict[str, Any], rejudge: bool = False) -> dict[str, Any]:
+def rescore_record(task: MMAUProTask, record: dict[str, Any], item: dict[str, Any],
+                   rejudge: bool = False) -> dict[str, Any]:
     """`record` scored again under the current rules (a new dict); a recorded judge output of the
     same text is re-parsed rather than judged again unless `rejudge`."""
     out = {k: v for k, v in record.items() if k not in SCORING_FIELDS}
@@ -87,9 +88,11 @@ def rescore_result(result: dict[str, Any], items: list[dict[str, Any]], task: MM
         old_judge = {k: v for k, v in result["task"]["settings"].items() if k.startswith("judge")}
         device = result["system"]["device"]
         # task version 1 loaded judges in float32 on the CPU (bfloat16 / float16 on a GPU)
-        old_judge.setdefault("judge_dtype", "float32" if device == "cpu" else f"version {old_version} default on {device}")
+        old_judge.setdefault("judge_dtype",
+                             "float32" if device == "cpu" else f"version {old_version} default on {device}")
         settings.update(old_judge, open_items_judged=(
-            f"judge outputs of the original run (task version {old_version}, {old_date}) re-parsed by the official rules"))
+            f"judge outputs of the original run (task version {old_version}, {old_date}) "
+            "re-parsed by the official rules"))
     new["task"] = dict(result["task"], version=VERSION, settings=settings)
     new["notes"] = list(result.get("notes", [])) + [
         f"re-scored from the recorded predictions under task version {VERSION} (was {old_version}); generation, "

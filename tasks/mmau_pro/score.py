@@ -33,8 +33,10 @@ CRITERIA = ("correctness", "relevance", "completeness", "clarity")
 NEUTRAL = 3.0  # the official score for a criterion the judge did not give
 GOOD = 4.0  # OVERALL at or above this counts as a good answer
 
-# The official script passes task_type "open" for every open item, hence this context.
-_JUDGE_TEMPLATE = """You are an expert evaluator for general open-ended question answering tasks. Please evaluate the quality of a model's response to a question.
+# The official script passes task_type "open" for every open item, hence this context. Verbatim: the first line is
+# one line there (joined here by the backslash), and RELEVANCE's line ends in a space there (written \x20).
+_JUDGE_TEMPLATE = """You are an expert evaluator for general open-ended question answering tasks. \
+Please evaluate the quality of a model's response to a question.
 
 Question: {question}
 
@@ -56,7 +58,7 @@ For each criterion, provide:
 Format your response as:
 
 CORRECTNESS: [score] - [justification]
-RELEVANCE: [score] - [justification] 
+RELEVANCE: [score] - [justification]\x20
 COMPLETENESS: [score] - [justification]
 CLARITY: [score] - [justification]
 OVERALL: [average score] - [overall assessment]"""
@@ -119,7 +121,8 @@ def parse_judge_scores(text: str) -> dict[str, float]:
 
 # An option label at the start: "B", "B.", "B)", "B:", "(B)", optionally after "Answer:" / "answer is".
 # The letter must be upper case and followed by punctuation or the end, so "A dog barks" is prose.
-_LETTER = re.compile(r"^\s*(?:(?i:the\s+)?(?i:answer)(?i:\s+is)?\s*[:\-]?\s*)?(?:\(([A-Z])\)|([A-Z])(?:[.):](?=\s|$)|\s*$))")
+_LETTER = re.compile(r"^\s*(?:(?i:the\s+)?(?i:answer)(?i:\s+is)?\s*[:\-]?\s*)?"
+                     r"(?:\(([A-Z])\)|([A-Z])(?:[.):](?=\s|$)|\s*$))")
 
 
 def map_letter(prediction: str, choices: Sequence[str]) -> tuple[str, int | None]:

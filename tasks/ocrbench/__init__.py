@@ -41,7 +41,8 @@ def generate_or_error(adapter, prompt, method, item_id: str, max_new_tokens: int
         return adapter.generate(prompt, method, max_new_tokens=max_new_tokens), None
     except Exception as exc:  # one bad item must not end a 1000-item run; the error is kept
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        return None, f"item {item_id}: generation failed: {type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})"
+        return None, (f"item {item_id}: generation failed: {type(exc).__name__}: {exc} "
+                      f"(at {where.filename}:{where.lineno})")
 
 
 class OCRBenchTask:
@@ -58,7 +59,8 @@ class OCRBenchTask:
         items = ocr_data.load_items(data, limit)
         unknown = sorted({i["question_type"] for i in items} - set(score.CATEGORIES))
         if unknown:
-            raise TaskDataError(f"OCRBench items with unknown question_type {unknown}; expected {list(score.CATEGORIES)}")
+            raise TaskDataError(f"OCRBench items with unknown question_type {unknown}; "
+                                f"expected {list(score.CATEGORIES)}")
         return items
 
     def build_prompt(self, item: dict[str, Any]):

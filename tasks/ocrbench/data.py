@@ -125,7 +125,8 @@ def _image_root(json_path: Path, records: list[dict[str, Any]]) -> Path:
     if os.environ.get(ENV_IMAGES):
         return Path(os.environ[ENV_IMAGES]).expanduser()
     here = json_path.parent
-    candidates = [here, here / "OCRBench_Images", here.parent / "OCRBench_Images", here.parent, here.parent.parent / "OCRBench_Images"]
+    candidates = [here, here / "OCRBench_Images", here.parent / "OCRBench_Images", here.parent,
+                  here.parent.parent / "OCRBench_Images"]
     probe = [r["image_path"] for r in records[:10] if "image_path" in r]
     best = max(candidates, key=lambda c: sum((c / p).exists() for p in probe))
     if probe and not any((best / p).exists() for p in probe):

@@ -157,7 +157,8 @@ def _hme(rng, i):
     shown = f"{a}x² + {b} = {c}"
     latex = f"{a} x ^ {{ 2 }} + {b} = {c}"
     return ("HME100k", "Please write out the expression of the formula in the image using LaTeX format.",
-            [latex], [shown], {"font": _font(rng, ("DejaVuSerif-Italic.ttf", "DejaVuSans.ttf"), 36, builtin_ok=False), "jitter": 2})
+            [latex], [shown],
+            {"font": _font(rng, ("DejaVuSerif-Italic.ttf", "DejaVuSans.ttf"), 36, builtin_ok=False), "jitter": 2})
 
 
 MAKERS: dict[str, Maker] = {
