@@ -30,7 +30,8 @@ CASES = {
     "Number Bullets": ({"N": 3}, "* one\n* two\n  * three", "* one\n* two"),
     "Title": ({}, "<<Beeps>> A tone.", "<<>> Beeps: a tone."),
     "Minimum Number Highlighted Section": ({"N": 2}, "A *loud* and *short* tone.", "A *loud* tone."),
-    "Multiple Sections": ({"N": 2, "section_splitter": "Section"}, "Section 1 tone. Section 2 noise.", "Section 1 only."),
+    "Multiple Sections": ({"N": 2, "section_splitter": "Section"}, "Section 1 tone. Section 2 noise.",
+                          "Section 1 only."),
     "Repeat Prompt": ({}, "describe the audio and repeat this request. A tone.", "A tone. Describe the audio..."),
     "Two Responses": ({}, "A tone. ****** A beep.", "A tone. ****** a tone."),
     "All Uppercase": ({}, "A LOUD TONE.", "A loud TONE."),
@@ -38,7 +39,8 @@ CASES = {
     "All-capital Words (at least)": ({"N": 2}, "A LOUD tone", "a LOUD tone"),
     "All-capital Words (at most)": ({"N": 1}, "a LOUD tone", "A LOUD tone"),
     "All-capital Words (range)": ({"N1": 1, "N2": 2}, "a LOUD tone", "a loud tone"),
-    "Start Checker": ({"start_phrase": "I hear"}, "I hear, a tone.", "  I hear a tone."),  # the official check keeps leading spaces
+    # the official check keeps leading spaces
+    "Start Checker": ({"start_phrase": "I hear"}, "I hear, a tone.", "  I hear a tone."),
     "End Checker": ({"end_phrase": "that is all"}, "A tone; that is all!", "That is all, a tone."),
     "Quotation": ({}, ' "A tone." ', '"A tone.'),
     "No Commas": ({}, "A tone and a beep.", "A tone, a beep."),
@@ -102,7 +104,8 @@ def test_a_check_the_official_raises_on_fails_with_a_note(identifier, kwargs, er
 @pytest.mark.parametrize("identifier", ["Haiku", None, ""])
 def test_unknown_identifier_fails_as_officially(identifier):
     outcome = aif.check(identifier, "anything at all", {}, "")
-    assert outcome.passed is False and "unknown AIF task_identifier" in outcome.note and "counts a failure" in outcome.note
+    assert outcome.passed is False
+    assert "unknown AIF task_identifier" in outcome.note and "counts a failure" in outcome.note
 
 
 # ------------------------------------------------------------------ kind 1: sentences by English punkt_tab

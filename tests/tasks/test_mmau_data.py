@@ -29,7 +29,8 @@ def test_generated_set_schema_and_coverage(items):
     for i in items:
         if i["category"] not in ("open", "instruction following"):
             assert i["answer"] in i["choices"] and len(i["choices"]) > 1
-    assert {"length_type", "perceptual_skills", "reasoning_skills", "transcription", "task_classification", "sub-cat"} <= set(items[0])
+    assert {"length_type", "perceptual_skills", "reasoning_skills", "transcription", "task_classification",
+            "sub-cat"} <= set(items[0])
 
 
 def test_generated_set_is_seeded(generated, items, tmp_path):
@@ -117,7 +118,8 @@ def test_prompt_text_snapshot(items):
     assert prompt_text(closed) == "Which chord is played in the audio?\n\n" + options
     assert prompt_text({"category": "sound", "question": "Q?", "choices": ["x", "y"]}) == "Q?\n\nA. x\nB. y"
     assert prompt_text({"category": "open", "question": "Describe it.", "choices": ["x", "y"]}) == "Describe it."
-    assert prompt_text({"category": "instruction following", "question": "Describe. No commas.", "choices": []}) == "Describe. No commas."
+    aif_item = {"category": "instruction following", "question": "Describe. No commas.", "choices": []}
+    assert prompt_text(aif_item) == "Describe. No commas."
     multi = next(i for i in items if len(i["audio_path"]) == 2 and i["category"] == "sound-music")
     prompt = TASK.build_prompt(multi)
     assert prompt.text == f"{multi['question']}\n\nA. {multi['choices'][0]}\nB. {multi['choices'][1]}"

@@ -11,7 +11,8 @@ import pytest
 from harness import results as R
 from tasks.mmau_pro import VERSION, MMAUProTask, rescore, score
 
-COMMITTED = Path(__file__).resolve().parents[2] / "results" / "runs" / "mmau-pro.generated" / "tiny-qwen3-omni" / "kivi.json"
+COMMITTED = (Path(__file__).resolve().parents[2] / "results" / "runs" / "mmau-pro.generated" / "tiny-qwen3-omni"
+             / "kivi.json")
 
 
 @pytest.fixture(scope="module")

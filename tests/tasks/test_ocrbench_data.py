@@ -25,7 +25,8 @@ def test_generated_set_covers_every_category_and_is_seeded(generated, tmp_path):
     again.mkdir()
     generate.build(again)
     for r in records:  # same seed -> the same bytes
-        assert (again / "OCRBench_Images" / r["image_path"]).read_bytes() == (generated / "OCRBench_Images" / r["image_path"]).read_bytes()
+        image = Path("OCRBench_Images") / r["image_path"]
+        assert (again / image).read_bytes() == (generated / image).read_bytes()
     assert json.loads((again / "OCRBench.json").read_text()) == records
 
 
@@ -53,9 +54,10 @@ def test_parquet_and_saved_dataset_load_the_same_items(generated, tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "hub" / "data" / "test-00000-of-00001.parquet")
     from_parquet = data.load_path(tmp_path / "hub")
     features = datasets.Features({"dataset": datasets.Value("string"), "question": datasets.Value("string"),
-                                  "question_type": datasets.Value("string"), "answer": datasets.Sequence(datasets.Value("string")),
-                                  "image": datasets.Image()})
-    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows, features=features)}).save_to_disk(str(tmp_path / "saved"))
+                                  "question_type": datasets.Value("string"),
+                                  "answer": datasets.Sequence(datasets.Value("string")), "image": datasets.Image()})
+    saved = datasets.DatasetDict({"test": datasets.Dataset.from_list(rows, features=features)})
+    saved.save_to_disk(str(tmp_path / "saved"))
     from_saved = data.load_path(tmp_path / "saved")
     for a, b, c in zip(from_json, from_parquet, from_saved):
         assert a["id"] == b["id"] == c["id"]

@@ -76,7 +76,8 @@ def test_prompt_as_rendered_by_each_family(dataset, family):
     render = getattr(adapter, "render_prompt", None) or adapter.chat_text
     text = render(OCRBenchTask().build_prompt(item))
     expected = {
-        "qwen3_vl": "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>what is the number in the image?<|im_end|>\n<|im_start|>assistant\n",
+        "qwen3_vl": "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>what is the number in the image?"
+                    "<|im_end|>\n<|im_start|>assistant\n",
         "llava": "USER: <image>\nwhat is the number in the image? ASSISTANT:",
     }[family]
     assert text == expected
