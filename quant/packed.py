@@ -160,7 +160,8 @@ class QTensor:
         return replace(self, **{name: fn(getattr(self, name)) for name in batch})
 
 
-def quantize(x: torch.Tensor, bits: int, group: int, axis: int, clip: float = 1.0, zero_point: str = "float") -> QTensor:
+def quantize(x: torch.Tensor, bits: int, group: int, axis: int, clip: float = 1.0,
+             zero_point: str = "float") -> QTensor:
     """Asymmetric group quantization of x [B, H, T, D] into a packed QTensor (see module docstring);
     zero_point "float" or "integer" as quant.primitives.asym_quantize defines them."""
     b, h, t, d = x.shape
@@ -245,7 +246,8 @@ def write_token(q: QTensor, b: int, h: int, pos: int, x: torch.Tensor, zero_poin
     """Quantize one token's vector x [D] into slot (b, h, pos) of q in place.
 
     Token-axis groups (axis -2): the token joins its group's existing scale/zero (codes clamp to the
-    group's range). Channel-axis groups (axis -1): the token is its own group set, so it is requantized (with `zero_point`).
+    group's range). Channel-axis groups (axis -1): the token is its own group set, so it is requantized (with
+    `zero_point`).
     """
     if q.order != "natural":
         raise ValueError("write_token needs the natural code order: convert with q.to_order('natural')")

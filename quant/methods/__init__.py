@@ -42,7 +42,8 @@ PAPER_COMPARISON: dict[str, tuple[str, dict]] = {
 # OTT has none: its code is not public, and the settings its paper is summarized with (groups of 128 tokens, a
 # 32-token window) cannot hold per-channel key groups, whose window must be a multiple of the group.
 OWN_PAPER: dict[str, tuple[str, dict]] = {
-    "kivi-own-paper": ("kivi", {"residual_length": 128, "group_size": 32, "value_flush": "fifo", "zero_point": "float"}),
+    "kivi-own-paper": ("kivi", {"residual_length": 128, "group_size": 32, "value_flush": "fifo",
+                                "zero_point": "float"}),
     "quarot-own-paper": ("quarot", {"residual_length": 0, "zero_point": "integer", "clip_ratio": 0.95}),
     "rotatekv-own-paper": ("rotatekv", {"residual_length": 0, "zero_point": "integer", "clip_ratio": 0.8}),
     "turboquant-own-paper": ("turboquant", {"residual_length": 0, "outlier_split": "channels"}),
@@ -51,11 +52,13 @@ OWN_PAPER: dict[str, tuple[str, dict]] = {
 # Named options measured against the comparison (same window, one setting changed).
 VARIANTS: dict[str, tuple[str, dict]] = {
     "oscar-float-zero": ("oscar", {**PAPER, "group_size": 32, "zero_point": "float"}),  # ours: the float minimum
-    "turboquant-rotated-split": ("turboquant", {**PAPER, "outlier_split": "rotated"}),  # the split that protects nothing
+    # the 3-bit share on rotated coordinates: a split that protects no outlier
+    "turboquant-rotated-split": ("turboquant", {**PAPER, "outlier_split": "rotated"}),
 }
 
 PRESETS: dict[str, tuple[str, dict]] = {**PAPER_COMPARISON, **OWN_PAPER, **VARIANTS}
-GROUPS: dict[str, list[str]] = {"all": list(PAPER_COMPARISON), "own-paper": ["bf16", *OWN_PAPER], "variants": list(VARIANTS)}
+GROUPS: dict[str, list[str]] = {"all": list(PAPER_COMPARISON), "own-paper": ["bf16", *OWN_PAPER],
+                                 "variants": list(VARIANTS)}
 
 
 def list_methods(group: str = "all") -> list[str]:

@@ -35,7 +35,8 @@ class OTTConfig(MethodConfig):
         check(self.bits in (2, 3, 4), f"ott.bits must be 2, 3 or 4, got {self.bits}")
         check_pow2_group("ott.group_size", self.group_size)
         check(self.residual_length > 0 and self.residual_length % self.group_size == 0,
-              f"ott.residual_length ({self.residual_length}) must be a positive multiple of group_size ({self.group_size})")
+              f"ott.residual_length ({self.residual_length}) must be a positive multiple of group_size "
+              f"({self.group_size})")
         check_zero_point("ott", self.zero_point)
         check(self.outlier_tokens >= 0 and self.skip_layers >= 0, "ott.outlier_tokens and ott.skip_layers must be >= 0")
 

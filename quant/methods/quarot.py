@@ -35,7 +35,8 @@ class QuaRotConfig(MethodConfig):
         check(0.5 <= self.clip_ratio <= 1.0, f"quarot.clip_ratio must be in [0.5, 1], got {self.clip_ratio}")
         check(self.keep_first_tokens >= 0, "quarot.keep_first_tokens must be >= 0")
         check(self.group_size >= 0, "quarot.group_size must be >= 0 (0 = head_dim)")
-        check(self.residual_length >= 0, f"quarot.residual_length must be >= 0 (0 = no window), got {self.residual_length}")
+        check(self.residual_length >= 0,
+              f"quarot.residual_length must be >= 0 (0 = no window), got {self.residual_length}")
         check_zero_point("quarot", self.zero_point)
 
     @property
@@ -80,8 +81,9 @@ class QuaRotLayer(QuantLayer):
         if block is not None:
             kb, vb = block
             g, z = self._group(), c.zero_point
-            self.k_q = cat_optional(self.k_q, quantize(kb.float() @ self._rot, c.key_bits, g, axis=-1, clip=c.clip_ratio, zero_point=z))
-            self.v_q = cat_optional(self.v_q, quantize(vb.float() @ self._rot, c.value_bits, g, axis=-1, clip=c.clip_ratio, zero_point=z))
+            kq = quantize(kb.float() @ self._rot, c.key_bits, g, axis=-1, clip=c.clip_ratio, zero_point=z)
+            vq = quantize(vb.float() @ self._rot, c.value_bits, g, axis=-1, clip=c.clip_ratio, zero_point=z)
+            self.k_q, self.v_q = cat_optional(self.k_q, kq), cat_optional(self.v_q, vq)
 
     def _dense(self):
         parts_k, parts_v = [], []

@@ -57,7 +57,8 @@ class RotateKVConfig(MethodConfig):
         check(self.head_span >= 1 and self.head_span & (self.head_span - 1) == 0, "rotatekv.head_span must be a power of two")
         check(0.5 <= self.clip_ratio <= 1.0, f"rotatekv.clip_ratio must be in [0.5, 1], got {self.clip_ratio}")
         check(self.sink_tokens >= 0, "rotatekv.sink_tokens must be >= 0")
-        check(self.residual_length >= 0, f"rotatekv.residual_length must be >= 0 (0 = no window), got {self.residual_length}")
+        check(self.residual_length >= 0,
+              f"rotatekv.residual_length must be >= 0 (0 = no window), got {self.residual_length}")
         check_zero_point("rotatekv", self.zero_point)
 
     def exact_chunk(self, position):
@@ -227,7 +228,8 @@ class RotateKVLayer(QuantLayer):
         cos, sin = self.ctx.shared["rope"](positions)
         kr = (self._spanned(unrope(kb.float(), cos, sin)) @ self._hk)[..., self._perm]
         z = c.zero_point
-        self.k_q = cat_optional(self.k_q, quantize(kr, c.bits, self._group(kr.shape[-1]), axis=-1, clip=c.clip_ratio, zero_point=z))
+        kq = quantize(kr, c.bits, self._group(kr.shape[-1]), axis=-1, clip=c.clip_ratio, zero_point=z)
+        self.k_q = cat_optional(self.k_q, kq)
         self.v_q = cat_optional(self.v_q, quantize(vb.float() @ self._hv, c.bits, self._group(vb.shape[-1]), axis=-1,
                                                    clip=c.clip_ratio, zero_point=z))
 

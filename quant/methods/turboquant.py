@@ -9,8 +9,8 @@ unit length before scaling back.
 - "channels" (the paper's section 4.3; the community turboquant_plus): the ORIGINAL channels split into an outlier
   set and a regular set, and each set is its own TurboQuant vector (its own norm, rotation and codebook). The
   outlier set is chosen by magnitude [ours: for keys and values apart, per layer, sequence and KV head, the
-  channels of largest RMS over the first block of tokens quantized, fixed from then on]. At d = 128: 32 x 3 + 96 x 2 code bits + two fp16 norms =
-  2.5 bits per element.
+  channels of largest RMS over the first block of tokens quantized, fixed from then on]. At d = 128:
+  32 x 3 + 96 x 2 code bits + two fp16 norms = 2.5 bits per element.
 - "rotated": one norm and rotation over all channels, the first d / 4 ROTATED coordinates at 3 bits. After a
   rotation every coordinate looks alike, so this protects no outlier; kept as a named option to measure.
 
@@ -50,11 +50,15 @@ class TurboQuantConfig(MethodConfig):
 
     def validate(self):
         check(self.main_bits in (1, 2, 3, 4) and self.outlier_bits in (1, 2, 3, 4), "turboquant bits must be 1..4")
-        check(0.0 <= self.outlier_fraction < 1.0, f"turboquant.outlier_fraction must be in [0, 1), got {self.outlier_fraction}")
+        check(0.0 <= self.outlier_fraction < 1.0,
+              f"turboquant.outlier_fraction must be in [0, 1), got {self.outlier_fraction}")
         check(self.outlier_split in ("channels", "rotated"),
-              f"turboquant.outlier_split must be 'channels' (original channels) or 'rotated', got {self.outlier_split!r}")
-        check(self.rotation in ("orthogonal", "randomized_hadamard"), f"turboquant.rotation must be orthogonal|randomized_hadamard, got {self.rotation!r}")
-        check(self.residual_length >= 0, f"turboquant.residual_length must be >= 0 (0 = no window), got {self.residual_length}")
+              f"turboquant.outlier_split must be 'channels' (original channels) or 'rotated', "
+              f"got {self.outlier_split!r}")
+        check(self.rotation in ("orthogonal", "randomized_hadamard"),
+              f"turboquant.rotation must be orthogonal|randomized_hadamard, got {self.rotation!r}")
+        check(self.residual_length >= 0,
+              f"turboquant.residual_length must be >= 0 (0 = no window), got {self.residual_length}")
 
     @property
     def bits(self):
@@ -156,7 +160,8 @@ class TurboQuantLayer(QuantLayer):
         out, out_norm = self._encode_set(take(xf, out_idx), self._pi_out, self._cb_out, c.outlier_bits)
         return out, main, torch.stack([out_norm, main_norm], -1)
 
-    def decode(self, out: torch.Tensor, main: torch.Tensor, norms: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(self, out: torch.Tensor, main: torch.Tensor, norms: torch.Tensor,
+               idx: torch.Tensor | None = None) -> torch.Tensor:
         c, d, n = self.config, self.ctx.head_dim, self.n_out
         if c.outlier_split == "rotated":
             y = torch.cat([self._cb_out[unpack_bitstream(out, c.outlier_bits, n).long()],

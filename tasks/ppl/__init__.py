@@ -33,7 +33,8 @@ class PerplexityTask:
 
     def __init__(self, context: int = 1024, continuation: int = 512, batch: int = 8, name: str = "ppl"):
         if context < 1 or continuation < 2:
-            raise ValueError(f"ppl: context must be >= 1 and continuation >= 2 tokens, got {context} and {continuation}")
+            raise ValueError(f"ppl: context must be >= 1 and continuation >= 2 tokens, "
+                             f"got {context} and {continuation}")
         self.name, self.context, self.continuation, self.batch = name, context, continuation, batch
         self.window_chars = int(math.ceil((context + continuation) * CHARS_PER_TOKEN))
         self._order: list[dict] = []  # the loaded items, so one call can score the next few windows with it
@@ -49,8 +50,8 @@ class PerplexityTask:
             paths = [LICENSE_DIR / name for name in LICENSE_FILES]
             missing = [str(p) for p in paths if not p.is_file()]
             if missing:
-                raise TaskDataError(f"ppl: missing license texts {missing}; install Debian's base-files, or pass --data "
-                                    "with a text file or a folder of .txt files")
+                raise TaskDataError(f"ppl: missing license texts {missing}; install Debian's base-files, or pass "
+                                    "--data with a text file or a folder of .txt files")
             return paths
         path = Path(data)
         if path.is_dir():

@@ -144,7 +144,8 @@ def test_quarot_quantizes_everything_per_token_with_clip():
 @pytest.mark.parametrize("name", ["quarot", "rotatekv", "turboquant"])
 def test_the_paper_comparison_gives_every_method_the_same_block_flushed_window(name):
     shared = {"rope": rope_tables(64)} if name == "rotatekv" else None
-    layer = layer_for(name, heads=4, shared=shared, **({"calibrate": False, "sink_tokens": 0} if name == "rotatekv" else {}))
+    plain = {"calibrate": False, "sink_tokens": 0} if name == "rotatekv" else {}
+    layer = layer_for(name, heads=4, shared=shared, **plain)
     assert layer.config.window == 128
     k, v = kv(h=4, t=300, seed=14)
     layer.update(k, v)
@@ -156,8 +157,7 @@ def test_the_paper_comparison_gives_every_method_the_same_block_flushed_window(n
     for i in range(84):
         out_k, _ = layer.update(k1[..., i:i + 1, :], v1[..., i:i + 1, :])
     assert out_k.shape[-2] == 384 and layer.nbytes()["residual"] == 0  # the 84th step filled the window: flushed
-    q = layer_for(name, heads=4, shared=shared, residual_length=0,
-                  **({"calibrate": False, "sink_tokens": 0} if name == "rotatekv" else {}))
+    q = layer_for(name, heads=4, shared=shared, residual_length=0, **plain)
     q.update(k, v)
     assert q.nbytes()["residual"] == 0  # R = 0: everything quantized as it is stored
 
@@ -334,7 +334,8 @@ def test_paper_comparison_and_own_paper_presets_never_share_a_name():
         assert getattr(m, "zero_point", "integer") == "integer", name  # as OScaR's framework quantizes
         assert setting_of(name) == "paper-comparison"
     assert all(n.endswith("-own-paper") for n in own if n != "bf16") and setting_of("quarot-own-paper") == "own-paper"
-    assert {quant.get_method(n).window for n in ("quarot-own-paper", "rotatekv-own-paper", "turboquant-own-paper")} == {0}
+    no_window = ("quarot-own-paper", "rotatekv-own-paper", "turboquant-own-paper")
+    assert {quant.get_method(n).window for n in no_window} == {0}
     assert expand_presets("own-paper,oscar") == own + ["oscar"] and expand_presets("kivi, kivi") == ["kivi"]
     with pytest.raises(KeyError, match="groups: all"):
         quant.list_methods("every")
