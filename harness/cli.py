@@ -14,7 +14,8 @@ SUBCOMMANDS = {
     "bench": ("harness.bench", "kernel and end-to-end speed and memory benchmarks"),
     "leaderboard": ("harness.leaderboard", "build the leaderboard (markdown + HTML) from result files"),
     "compare": ("harness.compare", "compare two result files; non-zero exit on a regression"),
-    "bench-check": ("harness.bench.check", "a bench JSON against the kernel targets and an older run; non-zero exit on a slowdown"),
+    "bench-check": ("harness.bench.check",
+                    "a bench JSON against the kernel targets and an older run; non-zero exit on a slowdown"),
     "list": ("harness.listing", "list models, methods and tasks"),
 }
 

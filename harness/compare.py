@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model of method-name inputs")
     p.add_argument("--task", default=None, help="task directory of method-name inputs (e.g. ppl, ocrbench.generated)")
     p.add_argument("--metric", default=None, help="metric to compare and gate on (default: A's primary metric)")
-    p.add_argument("--max-drop", default=None, help="fail (exit 1) when B is worse than A by more than this: 0.5 or 2%%")
+    p.add_argument("--max-drop", default=None,
+                   help="fail (exit 1) when B is worse than A by more than this: 0.5 or 2%%")
     p.add_argument("--resamples", type=int, default=stats.DEFAULT_RESAMPLES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show", type=int, default=20, help="how many flipped / changed items to list")
@@ -117,7 +118,8 @@ def parse_threshold(text: str | None) -> tuple[float, bool] | None:
     try:
         value = float(text.strip().rstrip("%"))
     except ValueError:
-        raise CompareError(f"--max-drop {text!r} is not a number; use e.g. 0.5 (metric units) or 2% (relative)") from None
+        raise CompareError(f"--max-drop {text!r} is not a number; use e.g. 0.5 (metric units) "
+                           "or 2% (relative)") from None
     if value < 0:
         raise CompareError(f"--max-drop must be >= 0, got {text!r}")
     return value, relative
@@ -126,7 +128,8 @@ def parse_threshold(text: str | None) -> tuple[float, bool] | None:
 def check_compatible(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Raise CompareError if the runs did not score the same items the same way; return warnings."""
     ta, tb = a["task"], b["task"]
-    problems = [f"{k}: {ta[k]!r} vs {tb[k]!r}" for k in ("name", "version", "data", "data_fingerprint") if ta[k] != tb[k]]
+    problems = [f"{k}: {ta[k]!r} vs {tb[k]!r}" for k in ("name", "version", "data", "data_fingerprint")
+                if ta[k] != tb[k]]
     if problems:
         raise CompareError("runs are not comparable (" + "; ".join(problems) + "): compare runs of the same task "
                            "version on the same data (same --data and --limit), or rerun one of them")
@@ -143,7 +146,8 @@ def check_compatible(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     ka, kb = a["environment"].get("kernels"), b["environment"].get("kernels")  # absent in older result files
     gpus = a["environment"].get("gpu") or b["environment"].get("gpu")
     ka, kb = ({**ABSENT_MEANS, **k} if k is not None else None for k in (ka, kb))
-    differ = sorted(k for k in set(ka or {}) | set(kb or {}) if k not in SAME_BITS and (ka or {}).get(k) != (kb or {}).get(k))
+    differ = sorted(k for k in set(ka or {}) | set(kb or {})
+                    if k not in SAME_BITS and (ka or {}).get(k) != (kb or {}).get(k))
     if gpus and ka is not None and kb is not None and differ:  # they act on a GPU only
         diff = ", ".join(f"{k} {ka.get(k)} vs {kb.get(k)}" for k in differ)
         warnings.append(f"different model-level kernels on the GPU ({diff}): scores can differ in the last bits")
@@ -267,13 +271,15 @@ def format_report(report: dict[str, Any], show: int) -> str:
     items = report["items"]
     if items["test"]:
         m = items["test"]
-        lines.append(f"McNemar exact on per-item {items['score']!r}: A-only right {m['b']}, B-only right {m['c']}, p={m['p_value']:.4g}")
+        lines.append(f"McNemar exact on per-item {items['score']!r}: A-only right {m['b']}, "
+                     f"B-only right {m['c']}, p={m['p_value']:.4g}")
         lines.append(f"flipped items ({len(items['changed'])}):")
     elif items["score"]:
         lines.append(f"largest per-item changes of {items['score']!r} ({len(items['changed'])} changed):")
     for r in items["changed"][:show]:
         lines.append(f"  {r['id']} [{r['category']}] {r['a']:.4g} -> {r['b']:.4g}"
-                     + (f"  A: {_short(r['prediction_a'])}  B: {_short(r['prediction_b'])}" if r["prediction_a"] is not None else ""))
+                     + (f"  A: {_short(r['prediction_a'])}  B: {_short(r['prediction_b'])}"
+                        if r["prediction_a"] is not None else ""))
     if report.get("gate"):
         lines.append(f"gate: {report['gate']['verdict']}")
     return "\n".join(lines)

@@ -68,7 +68,8 @@ def list_runs(args) -> list[str]:
 
 
 def _columns(rows, header) -> list[str]:
-    table = [tuple(header)] + [tuple("-" if c is None else (f"{c:.4g}" if isinstance(c, float) else str(c)) for c in row)
+    table = [tuple(header)] + [tuple("-" if c is None else (f"{c:.4g}" if isinstance(c, float) else str(c))
+                                     for c in row)
                                for row in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table] if rows else []

@@ -129,8 +129,8 @@ class OscarEvalLMM(lmms):
                 except Exception as err:
                     raise self._failed(task, doc_id, err) from err
                 settings.append(int(gen_kwargs.get("max_new_tokens", self.max_new_tokens)))
-            out += [cut_at_stops(g.text, args[1].get("until")) for g, args in zip(self._answer(prompts, settings, chunk),
-                                                                                    chunk)]
+            answers = self._answer(prompts, settings, chunk)
+            out += [cut_at_stops(g.text, args[1].get("until")) for g, args in zip(answers, chunk)]
         return out
 
     def _answer(self, prompts, settings, chunk):

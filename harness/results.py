@@ -231,7 +231,8 @@ def _read_progress(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         except json.JSONDecodeError:
             if i == len(lines) - 1:  # the write in flight when the process died: that item reruns
                 break
-            raise ResultFileError(f"{path}: line {i + 1} is not JSON; delete the file or rerun with --restart") from None
+            raise ResultFileError(f"{path}: line {i + 1} is not JSON; "
+                                  "delete the file or rerun with --restart") from None
     if not objs or "header" not in objs[0]:
         raise ResultFileError(f"{path}: no header line; delete the file or rerun with --restart")
     by_id: dict[str, dict[str, Any]] = {}
@@ -449,7 +450,8 @@ def environment(kernels=None) -> dict[str, Any]:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     commit, dirty = git_state()
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_name(),
-            "gpu": gpu, "packages": versions, "git_commit": commit, "git_dirty": dirty, "kernels": kernel_switches(kernels)}
+            "gpu": gpu, "packages": versions, "git_commit": commit, "git_dirty": dirty,
+            "kernels": kernel_switches(kernels)}
 
 
 def kernel_switches(options=None) -> dict[str, bool]:

@@ -39,8 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="real", choices=("real", "random"),
                    help="real: the checkpoint's weights; random: its published architecture with seeded random "
                         "weights made on the device (speed, memory and code path only; harness/models/shaped.py)")
-    p.add_argument("--quant-opts", default=None, help="method field overrides, e.g. 'group_size=64,residual_length=256'")
-    p.add_argument("--backend", default=None, help="attention backend: torch | triton | cuda (default: the device's best)")
+    p.add_argument("--quant-opts", default=None,
+                   help="method field overrides, e.g. 'group_size=64,residual_length=256'")
+    p.add_argument("--backend", default=None,
+                   help="attention backend: torch | triton | cuda (default: the device's best)")
     p.add_argument("--kernels", default=None,
                    help="kernel options, e.g. 'cuda_graphs=off,wide_decode=off' (quant.kernels.KernelOptions; the "
                         "environment's OSCAR_* overrides apply first)")
@@ -57,8 +59,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         done = evaluate(
             model=args.model, quant=args.quant, task=args.task, limit=args.limit, data=args.data,
-            model_path=args.model_path, device=args.device, dtype=args.dtype, device_map=args.device_map, weights=args.weights,
-            backend=args.backend, quant_opts=args.quant_opts, seed=args.seed, out=args.out, restart=args.restart, force=args.force,
+            model_path=args.model_path, device=args.device, dtype=args.dtype, device_map=args.device_map,
+            weights=args.weights, backend=args.backend, quant_opts=args.quant_opts, seed=args.seed, out=args.out,
+            restart=args.restart, force=args.force,
             n_resamples=args.resamples, kernels=kernel_options(args.kernels, args.backend), batch_size=args.batch_size,
         )
     except (KeyError, ValueError, RuntimeError, OSError) as err:  # bad names, missing data/weights, bad files
@@ -108,9 +111,10 @@ def resolve(model: str, quant: str, task: str | None, backend: str | None, quant
 
 def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None, data: str | None = None,
              model_path: str | None = None, device: str | None = None, dtype: str | None = None, weights: str = "real",
-             device_map: str | None = None, backend: str | None = None, quant_opts: str | None = None, seed: int = 0, out: str = DEFAULT_OUT,
-             restart: bool = False, force: bool = False, n_resamples: int = stats.DEFAULT_RESAMPLES,
-             adapter: Any = None, kernels: Any = None, batch_size: int = 1) -> list[dict[str, Any]]:
+             device_map: str | None = None, backend: str | None = None, quant_opts: str | None = None, seed: int = 0,
+             out: str = DEFAULT_OUT, restart: bool = False, force: bool = False,
+             n_resamples: int = stats.DEFAULT_RESAMPLES, adapter: Any = None, kernels: Any = None,
+             batch_size: int = 1) -> list[dict[str, Any]]:
     """Run `task` on `model` for each method of `quant`; return the written results (one per method).
 
     `adapter` lets a caller that already holds a loaded adapter (tests, notebooks) skip loading; `kernels`
@@ -136,8 +140,8 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     if adapter is None:
         from harness import models as M
 
-        adapter = M.load(spec.name, weights=weights, seed=seed, model_path=model_path, device=device, dtype=dtype, device_map=device_map,
-                         kernels=kernels)
+        adapter = M.load(spec.name, weights=weights, seed=seed, model_path=model_path, device=device, dtype=dtype,
+                         device_map=device_map, kernels=kernels)
     else:
         adapter.kernels = kernels
     model_info = R.model_info(adapter)
@@ -148,8 +152,8 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     written = []
     for method in methods:
         path = Path(out.format(task=R.task_dir(task_obj.name, data), model=R.model_dir(model_info), method=method.name))
-        ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend, kernels,
-                         batch_size)
+        ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend,
+                         kernels, batch_size)
         written.append(run_method(ctx, adapter, path, restart, force, n_resamples, ranks))
     return written
 
@@ -169,7 +173,8 @@ class RunContext:
     def identity(self) -> dict[str, Any]:
         """What must match for recorded items to be reused (the limit may change between sessions)."""
         return {
-            "model": self.model, "weight_hash": self.model_info["weight_hash"], "method": R.jsonable(self.method.to_dict()),
+            "model": self.model, "weight_hash": self.model_info["weight_hash"],
+            "method": R.jsonable(self.method.to_dict()),
             "task": self.task.name, "task_version": int(self.task.version), "data": self.data,
             "seed": self.seed, "backend": self.backend,
         }
@@ -201,8 +206,8 @@ def _write(ctx: RunContext, adapter, path: Path, records: list[dict[str, Any]], 
     """Aggregate the finished run's records (all ranks'), write its result and remove the progress files."""
     D.check_complete(records, [str(item["id"]) for item in ctx.items])
     if records and all("error" in r for r in records):  # a score of 0 would hide the cause
-        raise RuntimeError(f"{ctx.task.name} with {ctx.method.name}: all {len(records)} items failed, no result written; "
-                           f"first: {records[0]['error']} (fix it, then rerun with --restart)")
+        raise RuntimeError(f"{ctx.task.name} with {ctx.method.name}: all {len(records)} items failed, "
+                           f"no result written; first: {records[0]['error']} (fix it, then rerun with --restart)")
     result = build_result(ctx, adapter, records, n_resamples)
     if figures is not None:
         D.record_parallel(result, figures)

@@ -56,7 +56,8 @@ def add_arguments(p) -> None:
     p.add_argument("--against", default=None, help="an older bench JSON of the same GPU: after the run, report the "
                    "changes and exit 1 on a slowdown beyond --max-slowdown (oscar-eval bench-check)")
     p.add_argument("--max-slowdown", default="5%", help="with --against: tolerated slowdown per point")
-    p.add_argument("--kernels", default=None, help="kernel options, as for oscar-eval eval (quant.kernels.KernelOptions; "
+    p.add_argument("--kernels", default=None,
+                   help="kernel options, as for oscar-eval eval (quant.kernels.KernelOptions; "
                    "the environment's OSCAR_* overrides apply first)")
 
 
@@ -207,7 +208,8 @@ def summarize(row: dict, copy_bw: float) -> dict:
                                                if isinstance(attention, float) else math.nan)
     out["pack_prefill_bw_frac"] = row["pack_prefill_bytes"] / (row["pack_prefill_us"] * 1e-6) / copy_bw
     if isinstance(row.get("pack_prefill_online_us"), float):  # V rotated in the pack too (value_rotation=online)
-        out["pack_prefill_online_bw_frac"] = row["pack_prefill_bytes"] / (row["pack_prefill_online_us"] * 1e-6) / copy_bw
+        online_s = row["pack_prefill_online_us"] * 1e-6
+        out["pack_prefill_online_bw_frac"] = row["pack_prefill_bytes"] / online_s / copy_bw
     return out
 
 
@@ -244,14 +246,16 @@ def _kernel_line(r: dict) -> str:
     for key in r:
         if key.startswith("oscar_") and key.endswith("_us") and not key.endswith(("_graph_us", "_graph_clean_us")):
             be = key[len("oscar_"):-len("_us")]
-            parts.append(f"| {be} {num(r[key])} g{num(r.get(f'oscar_{be}_graph_us'))} x{num(r.get(f'speedup_{be}'), '.2f')}"
-                         f" bw{num(r.get(f'bw_frac_{be}'), '.2f')} clean-L2 g{num(r.get(f'oscar_{be}_graph_clean_us'))}"
+            parts.append(f"| {be} {num(r[key])} g{num(r.get(f'oscar_{be}_graph_us'))}"
+                         f" x{num(r.get(f'speedup_{be}'), '.2f')} bw{num(r.get(f'bw_frac_{be}'), '.2f')}"
+                         f" clean-L2 g{num(r.get(f'oscar_{be}_graph_clean_us'))}"
                          f" x{num(r.get(f'speedup_{be}_graph_clean'), '.2f')}")
     if "floor_read_us" in r:
         parts.append(f"| read floor {num(r['floor_read_us'])} / {num(r.get('floor_read_clean_us'))} ceiling "
                      f"x{num(r.get('ceiling_speedup'), '.2f')} / x{num(r.get('ceiling_speedup_clean'), '.2f')}")
     parts.append(f"| pack/step {num(r.get('pack_step_frac_of_cuda_attention'), '.3f')} prefill-bw "
-                 f"{num(r.get('pack_prefill_bw_frac'), '.2f')} (V online {num(r.get('pack_prefill_online_bw_frac'), '.2f')})")
+                 f"{num(r.get('pack_prefill_bw_frac'), '.2f')} "
+                 f"(V online {num(r.get('pack_prefill_online_bw_frac'), '.2f')})")
     return " ".join(parts)
 
 
@@ -460,7 +464,8 @@ def _e2e_line(r: dict) -> str:
     g = r.get("graph_step_ms")
     g = f"{g:8.2f}" if isinstance(g, float) else str(g)[:60]
     return (f"e2e {r['kind']:>5} {r['batch']:>3}x{r['context']:<6} step {r['step_ms']:8.2f} ms (graph {g}) "
-            f"{r['tokens_per_s']:9.1f} tok/s  KV {r['kv_bytes'] / 2**30:7.2f} GiB  peak {r['peak_bytes'] / 2**30:6.2f} GiB")
+            f"{r['tokens_per_s']:9.1f} tok/s  KV {r['kv_bytes'] / 2**30:7.2f} GiB  "
+            f"peak {r['peak_bytes'] / 2**30:6.2f} GiB")
 
 
 def bench_kernels(args):

@@ -124,7 +124,8 @@ def build_extension(name: str, root: Path, sources: list[str], includes: list[st
     build = cache_dir() / "peers" / f"{name}-{h.hexdigest()[:12]}"
     build.mkdir(parents=True, exist_ok=True)
     try:
-        mod = load(name=name, sources=[str(root / s) for s in sources], extra_include_paths=[str(root / i) for i in includes],
+        mod = load(name=name, sources=[str(root / s) for s in sources],
+                   extra_include_paths=[str(root / i) for i in includes],
                    extra_cflags=cxx_flags, extra_cuda_cflags=cuda_flags + arch, build_directory=str(build))
     except Exception as e:
         raise PeerUnavailable(f"its extension did not build here ({type(e).__name__}: {str(e)[-300:]})") from e
@@ -166,8 +167,10 @@ class OfficialOScaR:
         dev = k.device
         ks, vs = (x[:, :, :packed].transpose(1, 2).to(f16).contiguous() for x in (k, v))  # [B, T, H, D]
         u16, f32 = {"dtype": torch.uint16, "device": dev}, {"dtype": torch.float32, "device": dev}
-        k_pack, k_params = torch.zeros(b, packed // per, hkv, d, **u16), torch.zeros(b, packed // self.GROUP, hkv, d, **f32)
-        v_pack, v_params = torch.zeros(b, packed, hkv, d // per, **u16), torch.zeros(b, d // self.GROUP, hkv, packed, **f32)
+        k_pack = torch.zeros(b, packed // per, hkv, d, **u16)
+        k_params = torch.zeros(b, packed // self.GROUP, hkv, d, **f32)
+        v_pack = torch.zeros(b, packed, hkv, d // per, **u16)
+        v_params = torch.zeros(b, d // self.GROUP, hkv, packed, **f32)
         cu = torch.arange(0, (b + 1) * packed, packed, dtype=torch.int32, device=dev)
         k_norm = api.kvcache_pack_int(ks, k_pack, k_params, vs, v_pack, v_params, None, cu, packed, "k-channel",
                                       self.GROUP, self.BITS, apply_k_hadamard=True, apply_k_norm=True)
@@ -191,7 +194,8 @@ class OfficialOScaR:
                                       norm_res)[0]
             return out.transpose(1, 2)
 
-        nbytes = sum(x.nbytes for x in (k_pack, k_params, v_pack, v_params)) + (k_norm.nbytes if k_norm is not None else 0)
+        nbytes = (sum(x.nbytes for x in (k_pack, k_params, v_pack, v_params))
+                  + (k_norm.nbytes if k_norm is not None else 0))
         return Step(fn, 8 * nbytes / (2 * b * hkv * packed * d), note=f"{window}-token fp16 window")
 
 
@@ -322,7 +326,10 @@ def peer_point(shape: str, batch: int, ctx: int, peers: list[Peer]) -> dict:
     kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=False)
     kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device="cuda"),
                   values_rotated=False)
-    ours = lambda: decode_attention(q, kv, d**-0.5, backend="cuda")
+
+    def ours():
+        return decode_attention(q, kv, d**-0.5, backend="cuda")
+
     packed_bytes = bytes_read(PackedKV(kq, vq, norms, k[:, :, :0], v[:, :, :0], None))
     row["project"] = {**time_step(ours, True), "bits": 8 * packed_bytes / (2 * batch * hkv * tq * d),
                       "rel_err_vs_exact": relative_error(ours().float(), exact)}

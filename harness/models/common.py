@@ -195,7 +195,8 @@ class MultimodalAdapter:
     @classmethod
     def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None, weights="real", seed=0):
         """Weights from `model_path` / MODEL_PATH / a warm HF cache (see resolve_weights). weights="random" (the
-        published architecture with seeded random weights) is built by harness.models.load (harness/models/shaped.py)."""
+        published architecture with seeded random weights) is built by harness.models.load
+        (harness/models/shaped.py)."""
         check_weights(weights)
         path = resolve_weights(spec.hub_id, model_path)
         try:
@@ -243,7 +244,8 @@ class MultimodalAdapter:
         import quant
 
         if method is None:
-            quant.fold.set_folded(self.generator, False)  # the model's own weights (an OScaR cache may have folded them)
+            # the model's own weights (an OScaR cache may have folded them)
+            quant.fold.set_folded(self.generator, False)
             return None
         cache = quant.make_cache(method, self.generator, config=self.text_config, tokenizer=self.tokenizer,
                                  kernels=self.kernels)

@@ -93,8 +93,9 @@ def cuda_in_use(device) -> bool:
 
 @contextlib.contextmanager
 def measure(device, cache, graphs=None):
-    """Context around one generate call: yields (clock, figures): pass `streamer=clock` to generate;; figures is filled on exit with prefill_s,
-    decode_s, kernel_steps and peak_cuda_bytes (the allocator's peak during the call; None off CUDA).
+    """Context around one generate call: yields (clock, figures): pass `streamer=clock` to generate; figures is filled
+    on exit with prefill_s, decode_s, kernel_steps and peak_cuda_bytes (the allocator's peak during the call; None off
+    CUDA).
 
     graphs: the GraphDecoder of the call, if any (its replayed steps count as kernel steps), or a callable
     returning it once generate has run.

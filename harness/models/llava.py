@@ -20,7 +20,8 @@ class LlavaAdapter(MultimodalAdapter):
     def build_inputs(self, prompt: Prompt):
         """input_ids [1, S], attention_mask, pixel_values [n_img, tiles, 3, H, W], image_sizes [n_img, 2]."""
         if prompt.audios:
-            raise ValueError(f"{self.spec.name} takes images and text; this prompt has {len(prompt.audios)} audio clip(s)")
+            raise ValueError(f"{self.spec.name} takes images and text; "
+                             f"this prompt has {len(prompt.audios)} audio clip(s)")
         images = [image.convert("RGB") for image in prompt.images]
         return self.processor(text=self.chat_text(prompt), images=images or None, return_tensors="pt")
 

@@ -29,7 +29,8 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     sqrt(h*w / max_pixels) and floor, if too small by sqrt(min_pixels / (h*w)) and ceil.
     """
     if max(height, width) / min(height, width) > MAX_ASPECT:
-        raise ValueError(f"image aspect ratio {max(height, width) / min(height, width):.0f} exceeds {MAX_ASPECT}; crop it")
+        raise ValueError(f"image aspect ratio {max(height, width) / min(height, width):.0f} exceeds {MAX_ASPECT}; "
+                         "crop it")
     h = max(factor, round(height / factor) * factor)
     w = max(factor, round(width / factor) * factor)
     if h * w > max_pixels:
@@ -68,7 +69,8 @@ class Qwen3VLAdapter(MultimodalAdapter):
         """input_ids [1, S], attention_mask, mm_token_type_ids [1, S], pixel_values [patches, C*T*P*P],
         image_grid_thw [n_img, 3]."""
         if prompt.audios:
-            raise ValueError(f"{self.spec.name} takes images and text; this prompt has {len(prompt.audios)} audio clip(s)")
+            raise ValueError(f"{self.spec.name} takes images and text; "
+                             f"this prompt has {len(prompt.audios)} audio clip(s)")
         ip = self.processor.image_processor
         images = resize_images(prompt.images, ip.patch_size, ip.merge_size, self.max_image_tokens)
         kwargs = {"images": images, "do_resize": False} if images else {}

@@ -84,7 +84,8 @@ def model_class(family: str, config):
     return {"llava": LlavaAdapter, "qwen3_vl": Qwen3VLAdapter, "qwen3_omni": Qwen3OmniAdapter}[family].model_class
 
 
-def build_model(name: str, family: str, device="meta", dtype=torch.bfloat16, seed: int = 0, overrides: dict | None = None):
+def build_model(name: str, family: str, device="meta", dtype=torch.bfloat16, seed: int = 0,
+                overrides: dict | None = None):
     """`name`'s architecture with weights created on `device` in `dtype`, drawn with `seed`.
 
     device "meta" allocates nothing (parameter counts, shapes). Any other device gets every tensor allocated there

@@ -182,7 +182,8 @@ SHAPES: dict[str, dict] = {
                                      "model card's 'Number of Parameters (Non-Embedding): 29.9B' (same text shape)"),
         "sources": {
             "config": "config.json of the hub repo (thinker_config), read from a public GitHub model report that "
-                      "prints the config transformers 5.7 loaded from Qwen3-Omni-30B-A3B-Instruct, with its module tree; "
+                      "prints the config transformers 5.7 loaded from Qwen3-Omni-30B-A3B-Instruct, "
+                      "with its module tree; "
                       "the text backbone cross-checked with keras-team/keras-hub "
                       "keras_hub/src/models/qwen3_omni/qwen3_omni_presets.py (48 layers, 32 query / 4 KV heads, "
                       "128 experts, 8 active) and tzhouam/vllm-omni benchmarks/qwen3-omni/transformers/"
@@ -228,5 +229,6 @@ SHAPES: dict[str, dict] = {
 def shape(name: str) -> dict:
     """SHAPES[name], or a KeyError naming the models that have a shape-real build."""
     if name not in SHAPES:
-        raise KeyError(f"no shape-real architecture recorded for {name!r}; models with one: {', '.join(sorted(SHAPES))}")
+        raise KeyError(f"no shape-real architecture recorded for {name!r}; "
+                       f"models with one: {', '.join(sorted(SHAPES))}")
     return SHAPES[name]

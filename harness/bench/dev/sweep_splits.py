@@ -211,7 +211,8 @@ def main() -> None:
                     r = {"shape": a.shape, "batch": b, "context": ctx, "lq": a.lq, "planned": s is None,
                          **time_plan(q, kv, s, a.min_blocks, window, a.balance, order, merge, a.warps)}
                     rows.append(r)
-                    print(f"{a.shape} {b:>3}x{ctx:<6}{f' lq {a.lq}' if a.lq > 1 else ''} splits {r['splits']:>4} ({r['split_tokens']:>6} tok, "
+                    print(f"{a.shape} {b:>3}x{ctx:<6}{f' lq {a.lq}' if a.lq > 1 else ''} splits {r['splits']:>4} "
+                          f"({r['split_tokens']:>6} tok, "
                           f"{r['ctas']:>5} CTAs, order {r['order']}, merge groups {r['merge_group']})"
                           f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us"
                           f"  clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)

@@ -76,7 +76,8 @@ def resources(cubin: bytes) -> dict:
         out = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name], capture_output=True, text=True,
                              check=True).stdout
     found = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", out)}
-    return {"registers": found.get("REG"), "stack_bytes": found.get("STACK"), "static_shared_bytes": found.get("SHARED")}
+    return {"registers": found.get("REG"), "stack_bytes": found.get("STACK"),
+            "static_shared_bytes": found.get("SHARED")}
 
 
 def sass_loops(cubin: bytes) -> list[dict]:
