@@ -4,4 +4,5 @@ from quant.cache import QuantizedKVCache, make_cache
 from quant.methods import PRESETS, get_method, list_methods, parse_overrides
 from quant.methods.base import MethodConfig
 
-__all__ = ["fold", "QuantizedKVCache", "make_cache", "get_method", "list_methods", "parse_overrides", "PRESETS", "MethodConfig"]
+__all__ = ["fold", "QuantizedKVCache", "make_cache", "get_method", "list_methods", "parse_overrides", "PRESETS",
+           "MethodConfig"]

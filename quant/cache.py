@@ -155,7 +155,8 @@ def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer
     prepare = getattr(method, "prepare", None)
     if prepare is not None:
         if model is None:
-            raise ValueError(f"{method.name or method.method} needs the model itself: make_cache(method, model, tokenizer=...)")
+            raise ValueError(f"{method.name or method.method} needs the model itself: "
+                             "make_cache(method, model, tokenizer=...)")
         prepare(model, tokenizer, cache.shared)
     if method.fixed_shape_decode and model is not None and use_fast_decode(cache.kernels, model):
         cache.state.fast_decode = True

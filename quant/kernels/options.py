@@ -51,7 +51,8 @@ class KernelOptions:
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"kernel option backend={self.backend!r}: choose one of {', '.join(BACKENDS)}")
         if self.layer_kernels not in LAYER_KERNELS:
-            raise ValueError(f"kernel option layer_kernels={self.layer_kernels!r}: choose one of {', '.join(LAYER_KERNELS)}")
+            raise ValueError(f"kernel option layer_kernels={self.layer_kernels!r}: "
+                             f"choose one of {', '.join(LAYER_KERNELS)}")
         for f in dataclasses.fields(self):
             if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
                 raise ValueError(f"kernel option {f.name} must be true or false, got {getattr(self, f.name)!r}")

@@ -42,7 +42,8 @@ PRECISE = tl.constexpr("tf32")
 
 @triton.jit
 def _slot(r, MT: tl.constexpr):
-    """Tile row r of a 64 MT-row wgmma tile over 4 warps -> position: the rows of one warp are consecutive (quant.packed.tl_row)."""
+    """Tile row r of a 64 MT-row wgmma tile over 4 warps -> position: the rows of one warp are consecutive
+    (quant.packed.tl_row)."""
     return 16 * MT * ((r // 16) % 4) + 16 * (r // 64) + r % 16
 
 
@@ -60,9 +61,9 @@ def _codes_plain(words):
 def _codes(words, ASM: tl.constexpr):
     """int32 [A, B] -> fp16 [A, B, 8, 2]: [a, b, j, h] = the code at bits 2j + 16h, exact.
 
-    One inline-asm instance per fp16 pair (pack=1, two fp16 outputs joined): lop3 (w & mask_j) | e_j puts the pair's two codes in the
-    mantissas of 2^E + c (E = 10 - 2j' at mantissa bit 2j', j' = j for j < 5, else j - 5 after one shift of the
-    word by 10), then sub.f16x2 2^E (exact). No int16 truncations, no shifts for j < 5."""
+    One inline-asm instance per fp16 pair (pack=1, two fp16 outputs joined): lop3 (w & mask_j) | e_j puts the pair's two
+    codes in the mantissas of 2^E + c (E = 10 - 2j' at mantissa bit 2j', j' = j for j < 5, else j - 5 after one shift of
+    the word by 10), then sub.f16x2 2^E (exact). No int16 truncations, no shifts for j < 5."""
     if not ASM:
         return _codes_plain(words)
     j = tl.arange(0, 8)[None, None, :]
@@ -85,7 +86,8 @@ def _scores(qr, kc_ptr, ks_ptr, kz_ptr, norm_ptr, t0, kv_len, scale_log2,
     r = tl.arange(0, BLOCK_T)
     tr = _slot(r, 2)
     kw = tl.load(kc_ptr + (t0 + tr)[:, None] * (D // 16) + tl.arange(0, D // 16)[None, :])
-    kc = tl.reshape(tl.permute(tl.reshape(_codes(kw, ASM), (BLOCK_T, 4, D // 64, 8, 2)), (0, 2, 3, 1, 4)), (2, 4, 16, D))
+    kc = tl.reshape(tl.permute(tl.reshape(_codes(kw, ASM), (BLOCK_T, 4, D // 64, 8, 2)), (0, 2, 3, 1, 4)),
+                    (2, 4, 16, D))
     g = (t0 // 32 + tl.arange(0, 4))[:, None] * D + tl.arange(0, D)[None, :]
     ks = tl.reshape(tl.permute(tl.reshape(tl.load(ks_ptr + g), (4, 4, D // 64, 8, 2)), (0, 2, 3, 1, 4)), (4, D))
     kz = tl.reshape(tl.permute(tl.reshape(tl.load(kz_ptr + g), (4, 4, D // 64, 8, 2)), (0, 2, 3, 1, 4)), (4, D))
@@ -94,7 +96,8 @@ def _scores(qr, kc_ptr, ks_ptr, kz_ptr, norm_ptr, t0, kv_len, scale_log2,
     # norms as [w, g, b, a] (row r = 64 b + 16 w + 8 a + g, token tau(r) = 32 w + 16 b + 8 a + g): a thread's four
     # rows are one contiguous run of the staged copy (one 16-byte shared load instead of four)
     nw = tl.arange(0, 4)[:, None, None, None] * 32 + tl.arange(0, 8)[None, :, None, None]
-    n4 = tl.load(norm_ptr + t0 + nw + tl.arange(0, 2)[None, None, :, None] * 16 + tl.arange(0, 2)[None, None, None, :] * 8)
+    n4 = tl.load(norm_ptr + t0 + nw + tl.arange(0, 2)[None, None, :, None] * 16
+                 + tl.arange(0, 2)[None, None, None, :] * 8)
     n = tl.reshape(tl.permute(n4, (2, 0, 3, 1)), (BLOCK_T,))
     s = tl.dot(k, qr) * (n * scale_log2)[:, None]
     if MASKED:  # the split's last, partial block (tokens past kv_len: padding or another sequence's stale codes)

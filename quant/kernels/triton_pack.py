@@ -50,7 +50,8 @@ def _rint(y):
 def _quant(x, lo, hi):
     """asym_quantize given the group's min/max (fp32) -> (int32 codes, fp16 scale, fp16 zero)."""
     # round to fp16 first, then guard: 2**-24 (quant.primitives.MIN_SCALE) is the smallest positive fp16
-    scale = tl.maximum(tl.math.div_rn(hi - lo, tl.full(hi.shape, 3.0, tl.float32)).to(tl.float16).to(tl.float32), 5.9604644775390625e-08).to(tl.float16)
+    scale = tl.maximum(tl.math.div_rn(hi - lo, tl.full(hi.shape, 3.0, tl.float32)).to(tl.float16).to(tl.float32),
+                       5.9604644775390625e-08).to(tl.float16)
     zero = lo.to(tl.float16)
     sf = scale.to(tl.float32)
     # A scale that rounds to 0 in fp16 means a (near-)constant group: code 0 reproduces it.
@@ -124,8 +125,10 @@ def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: b
     exact = k.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1" or dev.type != "cuda"
     hpm = (hadamard(d, device=dev) * math.sqrt(d)).round().to(torch.float32 if exact else k.dtype)
     i32, f16 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.float16, device=dev)
-    kc, ks, kz = torch.empty(b, h, t // 16, d, **i32), torch.empty(b, h, t // 32, d, **f16), torch.empty(b, h, t // 32, d, **f16)
-    vc, vs, vz = torch.empty(b, h, t, d // 16, **i32), torch.empty(b, h, t, d // 32, **f16), torch.empty(b, h, t, d // 32, **f16)
+    kc = torch.empty(b, h, t // 16, d, **i32)
+    ks, kz = torch.empty(b, h, t // 32, d, **f16), torch.empty(b, h, t // 32, d, **f16)
+    vc = torch.empty(b, h, t, d // 16, **i32)
+    vs, vz = torch.empty(b, h, t, d // 32, **f16), torch.empty(b, h, t, d // 32, **f16)
     norms = torch.empty(b, t, dtype=torch.float32, device=dev)
     pack_kernel[(t // 32, b)](k, v, hpm, kc, ks, kz, vc, vs, vz, norms, k.stride(0), k.stride(1), k.stride(2),
                               v.stride(0), v.stride(1), v.stride(2), t, 1.0 / math.sqrt(d), H=h, D=d,

@@ -66,7 +66,8 @@ def supported(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     if unsqueeze_dim != 1 or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
         return False
     b, _, length, d = q.shape
-    if k.shape[0] != b or k.shape[2:] != (length, d) or d % 2 or cos.shape[1:] != (length, d) or cos.shape[0] not in (1, b):
+    if (k.shape[0] != b or k.shape[2:] != (length, d) or d % 2 or cos.shape[1:] != (length, d)
+            or cos.shape[0] not in (1, b)):
         return False
     if any(t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1 for t in (k, cos, sin)):
         return False
