@@ -55,7 +55,8 @@ def test_run_figures_from_item_costs():
 @pytest.fixture(scope="module")
 def shrunk_qwen3_vl():
     """qwen3-vl-8b's processor settings and token ids on a narrow, 2-layer random model (CPU)."""
-    return load_random(Qwen3VLAdapter, MODELS["qwen3-vl-8b"], device="cpu", dtype="float32", overrides=SHRINK["qwen3_vl"])
+    return load_random(Qwen3VLAdapter, MODELS["qwen3-vl-8b"], device="cpu", dtype="float32",
+                       overrides=SHRINK["qwen3_vl"])
 
 
 def test_eval_with_random_weights_records_costs_and_is_labelled(tmp_path, shrunk_qwen3_vl):

@@ -86,8 +86,9 @@ def test_batch_size_answers_as_one_at_a_time():
     docs = {"ocr": {"test": [{"image": Image.new("RGB", (40 + 8 * i, 32), (200, 40 + 50 * i, 40))} for i in range(3)]}}
 
     def requests():
-        return [Instance("generate_until", (f"Read line {i} of this sign. " * (i + 1), {}, lambda doc: [doc["image"]], i,
-                                            "ocr", "test"), idx=0, metadata={"task": "ocr", "doc_id": i, "repeats": 1})
+        return [Instance("generate_until", (f"Read line {i} of this sign. " * (i + 1), {}, lambda doc: [doc["image"]],
+                                            i, "ocr", "test"),
+                         idx=0, metadata={"task": "ocr", "doc_id": i, "repeats": 1})
                 for i in range(3)]
 
     answers = {}

@@ -63,14 +63,16 @@ def test_migration_chain_runs(tmp_path, monkeypatch):
     old = make_result("kivi", [1, 0])
     old["schema_version"] = 0
     old["quant"] = old.pop("method")
-    monkeypatch.setitem(R.MIGRATIONS, 0, lambda r: {**{k: v for k, v in r.items() if k != "quant"}, "method": r["quant"]})
+    monkeypatch.setitem(R.MIGRATIONS, 0, lambda r: {**{k: v for k, v in r.items() if k != "quant"},
+                                                    "method": r["quant"]})
     (tmp_path / "v0.json").write_text(json.dumps(old))
     assert R.read_result(tmp_path / "v0.json")["method"]["name"] == "kivi"
 
 
 def test_paths_are_predictable_and_checked():
     assert str(R.run_path("ocrbench", None, "qwen3-vl-8b", "oscar")) == "results/runs/ocrbench/qwen3-vl-8b/oscar.json"
-    assert str(R.run_path("ocrbench", "generated", "tiny-qwen3-vl", "kivi")).endswith("ocrbench.generated/tiny-qwen3-vl/kivi.json")
+    generated = R.run_path("ocrbench", "generated", "tiny-qwen3-vl", "kivi")
+    assert str(generated).endswith("ocrbench.generated/tiny-qwen3-vl/kivi.json")
     assert str(R.run_path("ppl", "/data/my.txt", "m", "bf16")).endswith("ppl.custom/m/bf16.json")
     assert R.progress_path("a/b/kivi.json").name == "kivi.partial.jsonl"
     with pytest.raises(ValueError, match="method name '../x'"):
@@ -126,7 +128,8 @@ def test_environment_records_the_kernel_options():
     assert environment()["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": True,
                                         "cuda_graphs": True, "cuda_norm_rope": True, "wide_decode": True}
     assert kernel_options(None, "triton", {"OSCAR_LAYER_KERNELS": "triton"}).backend == "triton"
-    assert environment(kernel_options(None, None, {"OSCAR_LAYER_KERNELS": "triton"}))["kernels"]["cuda_norm_rope"] is False
+    triton_layers = kernel_options(None, None, {"OSCAR_LAYER_KERNELS": "triton"})
+    assert environment(triton_layers)["kernels"]["cuda_norm_rope"] is False
 
 
 def test_kernel_options_refuse_what_they_do_not_know():

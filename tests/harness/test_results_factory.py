@@ -25,8 +25,9 @@ def make_result(method: str, scores: Sequence[float], categories: Sequence[str] 
     """A valid schema-v1 result whose per-item scores[score_key or metric] are `scores`; the metric is
     their mean."""
     cats = list(categories) if categories is not None else [None] * len(scores)
-    samples = [{"id": f"item-{i}", "prediction": f"p{i}-{method}", "scores": {score_key or metric: float(s)}, "category": c,
-                "wall_s": 0.1, "loop_s": 0.1, "input_tokens": 10, "new_tokens": 2} for i, (s, c) in enumerate(zip(scores, cats))]
+    samples = [{"id": f"item-{i}", "prediction": f"p{i}-{method}", "scores": {score_key or metric: float(s)},
+                "category": c, "wall_s": 0.1, "loop_s": 0.1, "input_tokens": 10, "new_tokens": 2}
+               for i, (s, c) in enumerate(zip(scores, cats))]
     mean = sum(scores) / len(scores)
     by_cat: dict[str, list[float]] = {}
     for s, c in zip(scores, cats):

@@ -139,7 +139,8 @@ def test_llava_640x480_is_2340_tokens():
 @pytest.mark.parametrize("width,height", [(640, 480), (100, 30), (1280, 720), (3000, 4000)])
 def test_qwen_images_get_one_token_per_32_pixel_block(name, width, height):
     adapter = meta_adapter(name)
-    assert placeholders(adapter, Prompt("q", images=[picture(width, height)]), 151655) == qwen_image_tokens(height, width)
+    expected = qwen_image_tokens(height, width)
+    assert placeholders(adapter, Prompt("q", images=[picture(width, height)]), 151655) == expected
 
 
 def test_qwen_reference_counts():

@@ -1,9 +1,9 @@
 """The CUDA RMSNorm and RoPE (csrc/include/oscar_rmsnorm.cuh, oscar_rope.cuh; launched by quant.kernels.cuda) against
 transformers' own modules and float64, and the dispatch that puts them under patched models in place of Triton's.
 
-Same rules as the Triton kernels' tests (tests/kernels/test_kernels_norm.py, test_kernels_rope.py): the norm's error against
-float64 is at most 2x transformers' own; RoPE gives transformers' bits. The layout checks that decide between the
-CUDA and Triton kernels run on the CPU too.
+Same rules as the Triton kernels' tests (tests/kernels/test_kernels_norm.py, test_kernels_rope.py): the norm's error
+against float64 is at most 2x transformers' own; RoPE gives transformers' bits. The layout checks that decide between
+the CUDA and Triton kernels run on the CPU too.
 """
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ def test_norm_layout_check():  # runs on the CPU: the check alone, no launch
     assert kcuda.rms_norm_rows(torch.zeros(3, 100, dtype=torch.bfloat16), torch.ones(100, dtype=torch.bfloat16)) is None
     assert kcuda.rms_norm_rows(x, w.float()) is None  # mixed dtypes: the Triton kernel's case
     assert kcuda.rms_norm_rows(x.float(), w.float()) is None
-    assert kcuda.rms_norm_rows(torch.zeros(2, 136, dtype=torch.bfloat16)[:, 4:132], w) is None  # 16-byte aligned rows only
+    # 16-byte aligned rows only
+    assert kcuda.rms_norm_rows(torch.zeros(2, 136, dtype=torch.bfloat16)[:, 4:132], w) is None
 
 
 def test_rope_layout_check():
@@ -127,7 +128,8 @@ def test_patched_models_take_the_chosen_kernels(monkeypatch, backend):
 
     monkeypatch.setattr(modeling_qwen3, "apply_rotary_pos_emb", modeling_qwen3.apply_rotary_pos_emb)  # restored after
     calls = {"cuda": 0, "triton": 0}
-    for mod, name, kind in ((kcuda, "rope", "cuda"), (triton_rope, "rope", "triton"), (triton_norm, "rms_norm", "triton")):
+    for mod, name, kind in ((kcuda, "rope", "cuda"), (triton_rope, "rope", "triton"),
+                            (triton_norm, "rms_norm", "triton")):
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _real=real, _kind=kind: calls.__setitem__(_kind, calls[_kind] + 1)
                             or _real(*a))

@@ -172,7 +172,8 @@ def test_pack_rotated_matches_reference():
     for r, x in zip(ref[:2], got[:2]):
         assert (r.unpacked() != x.unpacked().cpu()).float().mean() <= 1e-3
         torch.testing.assert_close(x.scale.cpu().float(), r.scale.float(), rtol=2e-3, atol=1e-6)
-        torch.testing.assert_close(x.dequantize().cpu(), r.dequantize(), rtol=0, atol=2e-2 * r.dequantize().abs().max().item())
+        torch.testing.assert_close(x.dequantize().cpu(), r.dequantize(), rtol=0,
+                                   atol=2e-2 * r.dequantize().abs().max().item())
 
 
 def test_pack_keys_rotated_values_as_they_come():

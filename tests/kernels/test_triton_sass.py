@@ -37,5 +37,6 @@ def test_decode_loop_has_no_int_to_float_conversions(tmp_path, head_dim):
     assert not [op for op in ops if op.startswith("I2F")], ops  # codes never pass through an int -> float conversion
     assert ops.get("HADD2", 0) > 0 and ops.get("HFMA2", 0) > 0, ops  # two codes per fp16x2 instruction
     # the tl order: the dequantized tiles are the wgmma operands in registers, not a shared-memory round trip (the
-    # natural order's loop took 1605-1827 instructions per 128 tokens at D = 128, 150-166 of them STS; the tl order 737-771)
+    # natural order's loop took 1605-1827 instructions per 128 tokens at D = 128, 150-166 of them STS; the tl
+    # order 737-771)
     assert ops.get("STS", 0) <= 16 and main["instructions"] <= 1000 * head_dim // 128, (main["instructions"], ops)

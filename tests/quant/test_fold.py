@@ -48,7 +48,8 @@ def test_folded_model_computes_the_same_function_and_restores_bit_for_bit(kind):
     d = model.model.layers[0].self_attn.head_dim  # 64, or 32 for the Qwen2 (hidden / heads)
     v_folded = model.model.layers[0].self_attn.v_proj(x).view(3, 2, d)
     torch.testing.assert_close(v_folded, v_plain.view(3, 2, d) @ hadamard(d), rtol=0, atol=1e-5)
-    assert not torch.equal(model.model.layers[1].self_attn.o_proj.weight, before["model.layers.1.self_attn.o_proj.weight"])
+    assert not torch.equal(model.model.layers[1].self_attn.o_proj.weight,
+                           before["model.layers.1.self_attn.o_proj.weight"])
     assert not fold.set_folded(model, False) and not fold.is_folded(model)
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
