@@ -124,8 +124,15 @@ def group_runs(runs: list[dict[str, Any]]) -> tuple[Group, Group]:
     checks: Group = {}
     for r in runs:
         groups = checks if is_pipeline_check(r) else real
-        groups.setdefault((r["task"]["name"], r["task"]["data"], r["model"]["name"]), []).append(r)
+        groups.setdefault((result_set(r), r["task"]["data"], r["model"]["name"]), []).append(r)
     return _by_method(real), _by_method(checks)
+
+
+def result_set(r: dict[str, Any]) -> str:
+    """The folder a result sits in under results/runs (its task, or a named setting such as ppl-own-paper: each
+    method as its own paper runs it, never in one table with the paper comparison)."""
+    parts = Path(r.get("_path", "")).parts
+    return parts[-3].split(".")[0] if len(parts) >= 3 else r["task"]["name"]
 
 
 def _by_method(groups: Group) -> Group:
@@ -192,6 +199,8 @@ def fmt(x: float | None, digits: int = 4) -> str:
 def group_title(key: tuple[str, str, str], runs: list[dict[str, Any]]) -> str:
     task, data, model = key
     tags = [f"{data} data"] if data != "official" else []
+    if task.endswith("-own-paper"):
+        tags.append("each method as its own paper runs it")
     if any(r["model"].get("replica") for r in runs):
         tags.append("tiny replica")
     elif any(is_pipeline_check(r) for r in runs):
@@ -216,7 +225,8 @@ def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bo
     s = r["system"]
     kv = s["kv_bytes"]["total"]
     ref_kv = reference["system"]["kv_bytes"]["total"] if reference else None
-    row = {"method": r["method"]["name"]}
+    window = r["method"]["config"].get("residual_length")
+    row = {"method": r["method"]["name"], "window": "–" if window is None else str(window)}
     if with_metric:
         m = r["metrics"][r["primary_metric"]]
         ci = f" [{fmt(m['ci_low'])}, {fmt(m['ci_high'])}]" if m["ci_low"] is not None else ""
@@ -250,7 +260,7 @@ def result_table(key, runs: list[dict[str, Any]], pipeline_check: bool = False) 
     rows = [{k: v for k, v in row.items() if k not in empty} for row in rows]
     header = list(rows[0])
     if not pipeline_check:
-        header[1] = metric_header(runs)
+        header[2] = metric_header(runs)
     return Table(group_title(key, runs), header, [list(r.values()) for r in rows], [r["_path"] for r in runs])
 
 

@@ -84,14 +84,25 @@ def kernel_options(text: str | None = None, backend: str | None = None, environ=
     return options.replace(backend=backend) if backend else options
 
 
+def own_paper_suffix(name: str, methods) -> str:
+    """'-own-paper' for a preset of the methods' own paper settings (and the BF16 run beside them): their results go to
+    a folder of their own (results/runs/<task>-own-paper/), never into a table with the paper comparison."""
+    from quant.methods import setting_of
+
+    own = setting_of(name) == "own-paper"
+    beside = name == "bf16" and any(setting_of(m.name) == "own-paper" for m in methods)
+    return "-own-paper" if own or beside else ""
+
+
 def resolve(model: str, quant: str, task: str | None, backend: str | None, quant_opts: str | None = None):
     """Check every name before anything heavy loads; unknown names raise KeyError listing valid ones."""
     import quant as Q
+    from quant.methods import expand_presets
     import tasks as T
     from harness import models as M
 
     spec = M.get_spec(model)
-    names = Q.list_methods() if quant == "all" else [q.strip() for q in quant.split(",") if q.strip()]
+    names = expand_presets(quant)  # presets and groups: all (the paper comparison), own-paper, variants
     if not names:
         raise ValueError("--quant is empty; give a method preset, a comma-separated list, or 'all'")
     overrides = Q.parse_overrides(quant_opts)
@@ -151,7 +162,8 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     D.check_same(ranks, (fingerprint, model_info["weight_hash"]), "the items' fingerprint and the weight hash")
     written = []
     for method in methods:
-        path = Path(out.format(task=R.task_dir(task_obj.name, data), model=R.model_dir(model_info), method=method.name))
+        path = Path(out.format(task=R.task_dir(task_obj.name, data) + own_paper_suffix(method.name, methods),
+                               model=R.model_dir(model_info), method=method.name))
         ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend,
                          kernels, batch_size)
         written.append(run_method(ctx, adapter, path, restart, force, n_resamples, ranks))

@@ -98,7 +98,7 @@ class QTensor:
         else:
             new = pack_codes(codes, self.bits, self.axis)
         # contiguous, as a kernel reads them: converting once here keeps the copy out of every decode call (the bench
-        # timed a 33 MB transposing copy as the Triton decode's at 1 x 128K before run 94)
+        # timed a 33 MB transposing copy as the Triton decode's at 1 x 128K)
         return replace(self, codes=new.contiguous(), scale=scale.contiguous(), zero=zero.contiguous(), order=order)
 
     def dequantize(self) -> torch.Tensor:
@@ -196,7 +196,8 @@ def quantize_segments(x: torch.Tensor, bits: int, starts: torch.Tensor, zero_poi
     levels = 2**bits - 1
     scale = ((hi - lo) / levels).half().clamp_min(MIN_SCALE)
     zero = lo.half() if zero_point == "float" else integer_zero(lo, scale).half()
-    codes = torch.round((xf - zero.float().gather(2, idx)) / scale.float().gather(2, idx)).clamp_(0, levels).to(torch.uint8)
+    codes = torch.round((xf - zero.float().gather(2, idx)) / scale.float().gather(2, idx))
+    codes = codes.clamp_(0, levels).to(torch.uint8)
     return QTensor(pack_codes(codes, bits, -2), scale, zero, bits, 0, -2, starts.long())
 
 
@@ -254,7 +255,8 @@ def write_token(q: QTensor, b: int, h: int, pos: int, x: torch.Tensor, zero_poin
     levels = 2**q.bits - 1
     if q.axis == -1:
         one = quantize(x.view(1, 1, 1, -1), q.bits, q.group, axis=-1, zero_point=zero_point)
-        q.codes[b, h, pos], q.scale[b, h, pos], q.zero[b, h, pos] = one.codes[0, 0, 0], one.scale[0, 0, 0], one.zero[0, 0, 0]
+        q.codes[b, h, pos] = one.codes[0, 0, 0]
+        q.scale[b, h, pos], q.zero[b, h, pos] = one.scale[0, 0, 0], one.zero[0, 0, 0]
         return
     g = pos // q.group
     scale, zero = q.scale[b, h, g].float(), q.zero[b, h, g].float()

@@ -86,7 +86,8 @@ def unpack_codes(words: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     per = codes_per_word(bits)
     dim = dim % words.dim()
     w = words.movedim(dim, -1)
-    if 8 % bits == 0 and sys.byteorder == "little":  # codes never straddle a byte: read bytes (little-endian) through a lookup table
+    # codes never straddle a byte: read bytes (little-endian) through a lookup table
+    if 8 % bits == 0 and sys.byteorder == "little":
         table = _byte_table(bits, w.device)
         c = table[w.contiguous().view(torch.uint8).long()]
     else:

@@ -22,7 +22,8 @@ class BF16Config(MethodConfig):
     dtype: str = "model"
 
     def validate(self):
-        check(self.dtype in ("model", "bfloat16", "float16", "float32"), f"bf16.dtype must be model|bfloat16|float16|float32, got {self.dtype!r}")
+        check(self.dtype in ("model", "bfloat16", "float16", "float32"),
+              f"bf16.dtype must be model|bfloat16|float16|float32, got {self.dtype!r}")
 
     def exact_chunk(self, position):
         return 1 << 30  # stored as given: any chunk sees what its decode steps would

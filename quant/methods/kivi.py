@@ -30,7 +30,8 @@ class KIVIConfig(MethodConfig):
     zero_point: str = "float"  # "float" | "integer"
 
     def validate(self):
-        check(self.key_bits in (2, 4) and self.value_bits in (2, 4), f"kivi bits must be 2 or 4, got K{self.key_bits} V{self.value_bits}")
+        check(self.key_bits in (2, 4) and self.value_bits in (2, 4),
+              f"kivi bits must be 2 or 4, got K{self.key_bits} V{self.value_bits}")
         check_pow2_group("kivi.group_size", self.group_size)
         check(self.residual_length > 0 and self.residual_length % self.group_size == 0,
               f"kivi.residual_length ({self.residual_length}) must be a positive multiple of group_size "

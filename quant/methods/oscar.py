@@ -47,13 +47,16 @@ class OScaRConfig(MethodConfig):
     def validate(self):
         check(self.bits in (2, 3, 4), f"oscar.bits must be 2, 3 or 4, got {self.bits}")
         check_pow2_group("oscar.group_size", self.group_size)
-        check(self.rotation in ("hadamard", "none"), f"oscar.rotation must be 'hadamard' or 'none', got {self.rotation!r}")
+        check(self.rotation in ("hadamard", "none"),
+              f"oscar.rotation must be 'hadamard' or 'none', got {self.rotation!r}")
         check(self.value_rotation in ("offline", "online"),
-              f"oscar.value_rotation must be 'offline' (folded into v_proj/o_proj) or 'online', got {self.value_rotation!r}")
+              "oscar.value_rotation must be 'offline' (folded into v_proj/o_proj) or 'online', "
+              f"got {self.value_rotation!r}")
         check(isinstance(self.align_modality_groups, bool), "oscar.align_modality_groups must be true or false")
         check_zero_point("oscar", self.zero_point)
         check(self.residual_length > 0 and self.residual_length % self.group_size == 0,
-              f"oscar.residual_length ({self.residual_length}) must be a positive multiple of group_size ({self.group_size})")
+              f"oscar.residual_length ({self.residual_length}) must be a positive multiple of group_size "
+              f"({self.group_size})")
 
     @property
     def folds_values(self) -> bool:
@@ -195,7 +198,8 @@ class OScaRLayer(QuantLayer):
         full = (self.k_res.shape[-2] // c.residual_length) * c.residual_length
         if full:
             start = 0 if self.k_q is None else self.k_q.num_tokens
-            starts = aligned_starts(self.ctx.state.modalities, start, full, c.group_size) if c.align_modality_groups else None
+            starts = (aligned_starts(self.ctx.state.modalities, start, full, c.group_size)
+                      if c.align_modality_groups else None)
             backend = self._backend()
             if starts is not None:  # variable groups: one block, appended as it comes
                 k_q, v_q, norms = pack_block(self.k_res[..., :full, :], self.v_res[..., :full, :], c, self._rot, starts,
@@ -255,7 +259,8 @@ class OScaRLayer(QuantLayer):
                                        device=self._kbuf.codes.device)
 
     def _backend(self) -> str | None:
-        """The run's kernel backend on this layer's device (None before the first tokens arrive: pack_block's default)."""
+        """The run's kernel backend on this layer's device (None before the first tokens arrive: pack_block's
+        default)."""
         kernels = self.ctx.state.kernels
         if kernels is None or not self.is_initialized:
             return None
@@ -328,7 +333,8 @@ class OScaRLayer(QuantLayer):
         through the run's pack), the rest in the window."""
         g = torch.Generator(device=device).manual_seed(seed)
         shape = (batch, self.ctx.num_kv_heads, 0, self.ctx.head_dim)
-        self.lazy_initialization(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
+        empty = torch.empty(shape, dtype=dtype, device=device)
+        self.lazy_initialization(empty, empty)
         r = self.config.residual_length
         chunk = max(r, chunk // r * r)
         self._reserve = length // r * r + HEADROOM  # one allocation for the whole fill

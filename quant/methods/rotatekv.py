@@ -53,8 +53,10 @@ class RotateKVConfig(MethodConfig):
 
     def validate(self):
         check(self.bits in (2, 3, 4), f"rotatekv.bits must be 2, 3 or 4, got {self.bits}")
-        check(self.group_size >= 16 and self.group_size & (self.group_size - 1) == 0, "rotatekv.group_size must be a power of two >= 16")
-        check(self.head_span >= 1 and self.head_span & (self.head_span - 1) == 0, "rotatekv.head_span must be a power of two")
+        check(self.group_size >= 16 and self.group_size & (self.group_size - 1) == 0,
+              "rotatekv.group_size must be a power of two >= 16")
+        check(self.head_span >= 1 and self.head_span & (self.head_span - 1) == 0,
+              "rotatekv.head_span must be a power of two")
         check(0.5 <= self.clip_ratio <= 1.0, f"rotatekv.clip_ratio must be in [0.5, 1], got {self.clip_ratio}")
         check(self.sink_tokens >= 0, "rotatekv.sink_tokens must be >= 0")
         check(self.residual_length >= 0,
@@ -99,7 +101,8 @@ def rope(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 def find_rope(model):
     """A function positions[T] -> (cos, sin) float32 [T, d] from the text model's rotary embedding."""
-    modules = [m for n, m in model.named_modules() if n.endswith("rotary_emb") and "vision" not in n and "audio" not in n]
+    modules = [m for n, m in model.named_modules()
+               if n.endswith("rotary_emb") and "vision" not in n and "audio" not in n]
     if not modules:
         raise ValueError(f"rotatekv needs a RoPE model; no rotary_emb module found in {type(model).__name__}")
     emb = modules[-1]
@@ -175,7 +178,8 @@ def calibrate_permutations(model, tokenizer, config: RotateKVConfig, shared: dic
         k = unrope(layer.keys.float(), cos.to(dev), sin.to(dev))
         b, h, t, d = k.shape
         s = span_heads(h, config.head_span)
-        kr = k.view(b, h // s, s, t, d).permute(0, 1, 3, 2, 4).reshape(b, h // s, t, s * d) @ hadamard(s * d, device=dev)
+        spanned = k.view(b, h // s, s, t, d).permute(0, 1, 3, 2, 4).reshape(b, h // s, t, s * d)
+        kr = spanned @ hadamard(s * d, device=dev)
         perms.append(kr.sum(dim=(0, 1, 2)).argsort())
     stash[cache_key] = perms
     return perms
@@ -205,7 +209,8 @@ class RotateKVLayer(QuantLayer):
 
     def _spanned(self, k):  # [B, H, T, D] -> [B, H/s, T, s*D]
         b, h, t, d = k.shape
-        return k.reshape(b, h // self.span, self.span, t, d).permute(0, 1, 3, 2, 4).reshape(b, h // self.span, t, self.span * d)
+        s = self.span
+        return k.reshape(b, h // s, s, t, d).permute(0, 1, 3, 2, 4).reshape(b, h // s, t, s * d)
 
     def _unspanned(self, k):  # inverse of _spanned
         b, g, t, sd = k.shape

@@ -24,7 +24,7 @@ from tasks.ppl.scoring import score_batch
 
 LICENSE_DIR = Path("/usr/share/common-licenses")
 LICENSE_FILES = ("GPL-3", "LGPL-2.1", "GFDL-1.3", "MPL-2.0", "Apache-2.0", "CC0-1.0", "Artistic", "GPL-2", "MPL-1.1")
-CHARS_PER_TOKEN = 5.0  # English prose runs 4.3-4.6 characters per token in these tokenizers; windows keep a margin
+CHARS_PER_TOKEN = 5.0  # English prose has 4.3-4.6 characters per token in these tokenizers; windows keep a margin
 
 
 class PerplexityTask:

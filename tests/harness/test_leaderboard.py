@@ -70,13 +70,13 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
     md = Path("results/LEADERBOARD.md").read_text()
     t = tables(md)
     ppl = t["ppl · smollm2-135m (generated data)"]
-    assert ppl[0].startswith("| method | ppl ↓ (95% CI) | items | failed | bits/elt | KV KiB/item | vs bf16 |")
-    assert ppl[1].startswith("| bf16 | 11 [10.9, 11.1] | 3 | 0 | 16 | 4 | 1.00x |")
-    assert ppl[2].startswith("| kivi | 14 [13.9, 14.1] | 3 | 2 | 16 | 0.7812 | 5.12x |")  # 4096 / 800 bytes
+    assert ppl[0].startswith("| method | window | ppl ↓ (95% CI) | items | failed | bits/elt | KV KiB/item | vs bf16 |")
+    assert ppl[1].startswith("| bf16 | – | 11 [10.9, 11.1] | 3 | 0 | 16 | 4 | 1.00x |")
+    assert ppl[2].startswith("| kivi | – | 14 [13.9, 14.1] | 3 | 2 | 16 | 0.7812 | 5.12x |")  # 4096 / 800 bytes
     assert "1 GiB RSS" in ppl[1]
     checks = t["ocrbench · tiny-model (generated data, tiny replica)"]
-    assert checks[0] == ("| method | items | failed | bits/elt | KV KiB/item | vs bf16 | tok/s | peak memory | device "
-                         "| commit |")  # no accuracy column for random weights
+    assert checks[0] == ("| method | window | items | failed | bits/elt | KV KiB/item | vs bf16 | tok/s "
+                         "| peak memory | device | commit |")  # no accuracy column for random weights
     assert len(checks) == 1 + 3
     shaped = t["ppl · qwen3-8b (generated data, random weights)"]
     assert "items/s" in shaped[0] and "| 2.5 | 100% |" in shaped[1] and "99" not in shaped[1]  # no perplexity
@@ -136,7 +136,8 @@ def test_models_without_trained_weights_are_pipeline_checks():
     random["system"] = {**random["system"], "items_per_s": 0.5, "kernel_step_share": 1.0}
     t = L.result_table(("ocrbench", "generated", "qwen3-vl-8b"), [random], pipeline_check=True)
     assert t.title == "ocrbench · qwen3-vl-8b (generated data, random weights)"
-    assert t.header[:3] == ["method", "items", "failed"] and "items/s" in t.header and "kernel steps" in t.header
+    assert t.header[:4] == ["method", "window", "items", "failed"]
+    assert "items/s" in t.header and "kernel steps" in t.header
     assert t.rows[0][t.header.index("kernel steps")] == "100%"
     assert "items/s" not in L.result_table(("ppl", "official", "m"), [{**r, "_path": "a"}]).header
 
@@ -191,3 +192,16 @@ def test_speed_of_graph_decoded_runs_is_marked():
     assert "graphs" not in L.run_row(r, None)["tok/s"]
     r["system"]["graph_decode_share"] = 0.98  # OScaR's kernel path on a GPU: decode steps replayed as CUDA graphs
     assert L.run_row(r, None)["tok/s"] == "120 (graphs)"
+
+
+def test_own_paper_settings_get_their_own_table():
+    from harness.leaderboard import group_runs
+
+    def run(folder, method, window):
+        r = make_result(method, [1.0, 0.0])
+        r["method"]["config"]["residual_length"] = window
+        r["_path"] = f"results/runs/{folder}/smollm2-135m/{method}.json"
+        return r
+
+    real, checks = group_runs([run("ppl", "oscar", 128), run("ppl", "quarot", 128), run("ppl-own-paper", "quarot", 0)])
+    assert sorted(k[0] for k in {**real, **checks}) == ["ppl", "ppl-own-paper"]

