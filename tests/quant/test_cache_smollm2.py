@@ -42,8 +42,10 @@ def test_bf16_generates_exactly_what_dynamic_cache_generates(smol):
     assert torch.equal(ref, ours)
 
 
-@pytest.mark.parametrize("name", quant.list_methods())
-def test_every_method_generates_a_left_padded_batch(smol, name):
+# Every method's padded batches are checked token for token on a tiny model (tests/quant/test_rows.py); here a few
+# run the real model's left-padded generate end to end.
+@pytest.mark.parametrize("name", ["kivi", "turboquant", "oscar"])
+def test_methods_generate_a_left_padded_batch(smol, name):
     tok = smol.tokenizer
     texts = [(LICENSE_DIR / "GPL-3").read_text()[:700], "The quick brown fox jumps over the lazy dog. " * 3]
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
