@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import eval_cost
 from harness import results as R
 from harness.bench import check as bench_check
 
@@ -172,6 +173,7 @@ class Board:
     methods: list[str]  # every method shown, in display order (one colour each on the page)
     intro: str = ""
     checks_title: str = ""
+    costs: list[Table] = field(default_factory=list)  # whole benchmarks at real size, extrapolated (eval_cost)
 
 
 def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench: dict[str, dict[str, Any]]) -> Board:
@@ -181,10 +183,13 @@ def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench:
     published = list(zip(paper_tables(paper), paper.get("benchmarks", []))) if paper else []
     methods = sorted({r["method"]["name"] for r in runs}, key=method_rank)
     n_checks = sum(len(g) for g in checks.values())
+    costs = [Table(f"{task} · {model} · {gpu}", eval_cost.HEADER, rows,
+                   note=COST_NOTE.format(n=eval_cost.BENCHMARK_ITEMS[task]))
+             for (task, model, gpu), rows in sorted(eval_cost.cost_rows(runs).items())]
     return Board(len(runs), [(result_table(k, g), g) for k, g in real.items()], speed,
                  paper["source"] if paper else None, published,
                  [result_table(k, g, pipeline_check=True) for k, g in checks.items()], methods,
-                 INTRO.format(n=len(runs)), CHECKS_TITLE.format(n=n_checks))
+                 INTRO.format(n=len(runs)), CHECKS_TITLE.format(n=n_checks), costs)
 
 
 # ---------------------------------------------------------------- result tables
@@ -380,6 +385,7 @@ def markdown(board: Board, short: bool = False) -> str:
     parts += [f"### Speed and memory: {s.e2e.title}\n\n{md_table(s.e2e)}\n\n{s.e2e.note}" for s in board.speed if s.e2e]
     if short:
         return "\n\n".join(parts + [README_MORE.format(n=sum(len(t.rows) for t in board.checks))]) + "\n"
+    parts += [f"### What a whole benchmark costs: {t.title}\n\n{md_table(t)}\n\n{t.note}" for t in board.costs]
     if board.published:
         parts.append(f"### Published numbers (not measured here)\n\nSource: {board.source}.")
         parts += [f"#### {t.title}\n\n" + md_table(t) for t, _ in board.published]
@@ -396,6 +402,11 @@ NO_RESULTS = "No results of trained weights yet: `make eval MODEL=<model> QUANT=
 README_MORE = ("The paper's published numbers and {n} pipeline checks (models without trained weights) are in "
                "[results/LEADERBOARD.md](results/LEADERBOARD.md); `make leaderboard` also writes "
                "results/leaderboard/index.html, with plots, the decode-attention times and the kernel targets.")
+
+COST_NOTE = ("Extrapolated to the benchmark's {n} items from the measured items of a real-size model with random "
+             "weights (speed and memory do not depend on the weights' values, but random weights never stop early: "
+             "every item decodes its whole token budget, so the hours are an upper bound); decode: the path the steps "
+             "took.")
 
 CHECKS_TITLE = ("Pipeline checks: {n} results of models without trained weights (tiny replicas or random weights): "
                 "they show that the code path runs, its speed and memory, not accuracy")

@@ -205,3 +205,19 @@ def test_own_paper_settings_get_their_own_table():
 
     real, checks = group_runs([run("ppl", "oscar", 128), run("ppl", "quarot", 128), run("ppl-own-paper", "quarot", 0)])
     assert sorted(k[0] for k in {**real, **checks}) == ["ppl", "ppl-own-paper"]
+
+
+def test_whole_benchmark_cost_is_extrapolated_from_real_size_runs():
+    from harness import eval_cost
+
+    r = make_result("oscar", [0.0, 0.0], task="ocrbench")
+    r["model"].update(weights="random", replica=False, name="qwen3-vl-8b")
+    r["environment"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    r["system"].update(items_per_s=0.5, peak_item_cuda_bytes=3 * 2**30, kernel_step_share=1.0)
+    replica = make_result("oscar", [0.0], task="ocrbench")
+    replica["model"].update(weights="random", replica=True)
+    rows = eval_cost.cost_rows([r, replica])
+    assert list(rows) == [("ocrbench", "qwen3-vl-8b", "NVIDIA H100 80GB HBM3")]
+    # 1,000 items at 2 s an item
+    [row] = rows[("ocrbench", "qwen3-vl-8b", "NVIDIA H100 80GB HBM3")]
+    assert row[3:] == ["2.00", "0.56 h", "kernels", "3.00 GiB"]
