@@ -49,6 +49,9 @@ class GraphDecoder:
     def __init__(self, model, cache):
         self.model, self.cache = model, cache
         self.layers = list(cache.layers)
+        # A padded batch's layers hand the attention per-sequence steps with their own lengths (quant/rows.py): its
+        # padding mask is not read either (generate passes the position ids it implies).
+        self.padded = any(isinstance(layer, RowsLayer) for layer in self.layers)
         if not all(hasattr(layer, "graph_ready") for layer in self.layers):
             raise ValueError("graph decoding needs a cache whose layers all have fixed-shape decode steps "
                              "(quant.methods.oscar.OScaRLayer on the kernel path)")
@@ -114,11 +117,8 @@ class GraphDecoder:
             return None
         call = dict(kwargs)
         mask = call.pop("attention_mask", None)
-        # A padded batch's layers hand the attention per-sequence steps with their own lengths (quant/rows.py): its
-        # padding mask is not read either (generate passes the position ids it implies).
-        padded = any(isinstance(layer, RowsLayer) for layer in self.layers)
         if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2
-                                 or not (padded or bool(mask.all()))):
+                                 or not (self.padded or bool(mask.all()))):
             return None
         for name in TOKEN_TYPES:  # transformers 5.17 passes Qwen3-VL's whole mm_token_type_ids (5.23: the step's)
             t = call.get(name)

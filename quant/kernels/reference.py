@@ -54,51 +54,33 @@ def _attention(query, k_all, v_all, scaling, kv_lens, res_lens, t, dtype, softma
     return out
 
 
+def _attention_in(dtype: torch.dtype, query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens, res_lens,
+                  softmax: torch.dtype | None = None):
+    """The PackedKV formula on the CPU with K/V (dequantized in float32 at least), query and matmuls in `dtype` and
+    the softmax in `softmax` (default: `dtype`)."""
+    b, t = query.shape[0], kv.num_quantized
+    k_res, v_res = kv.k_res.cpu().to(dtype), kv.v_res.cpu().to(dtype)
+    if t:
+        kq, vq = dequantized_kv(kv, dtype if dtype in (torch.float32, torch.float64) else torch.float32)
+        k_res, v_res = torch.cat([kq.cpu().to(dtype), k_res], 2), torch.cat([vq.cpu().to(dtype), v_res], 2)
+    return _attention(query.cpu().to(dtype), k_res, v_res, scaling, _lens(kv_lens, t, b),
+                      _lens(res_lens, kv.k_res.shape[2], b), t, dtype, softmax or dtype)
+
+
 def attention_f64(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None) -> torch.Tensor:
     """The PackedKV formula in float64 on the CPU. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] float64."""
-    b = query.shape[0]
-    t = kv.num_quantized
-    f64 = torch.float64
-    if t:
-        kq, vq = dequantized_kv(kv, f64)
-        k_all = torch.cat([kq.cpu(), kv.k_res.cpu().to(f64)], 2)
-        v_all = torch.cat([vq.cpu(), kv.v_res.cpu().to(f64)], 2)
-    else:
-        k_all, v_all = kv.k_res.cpu().to(f64), kv.v_res.cpu().to(f64)
-    return _attention(query.cpu().to(f64), k_all, v_all, scaling, _lens(kv_lens, t, b),
-                      _lens(res_lens, kv.k_res.shape[2], b), t, f64, f64)
+    return _attention_in(torch.float64, query, kv, scaling, kv_lens, res_lens)
 
 
 def attention_bf16(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None) -> torch.Tensor:
     """The same attention as a bf16 torch implementation computes it: bf16 K/V and matmuls, fp32 softmax."""
-    b = query.shape[0]
-    t = kv.num_quantized
-    bf = torch.bfloat16
-    if t:
-        kq, vq = dequantized_kv(kv, torch.float32)
-        k_all = torch.cat([kq.cpu().to(bf), kv.k_res.cpu().to(bf)], 2)
-        v_all = torch.cat([vq.cpu().to(bf), kv.v_res.cpu().to(bf)], 2)
-    else:
-        k_all, v_all = kv.k_res.cpu().to(bf), kv.v_res.cpu().to(bf)
-    return _attention(query.cpu().to(bf), k_all, v_all, scaling, _lens(kv_lens, t, b),
-                      _lens(res_lens, kv.k_res.shape[2], b), t, bf, torch.float32)
+    return _attention_in(torch.bfloat16, query, kv, scaling, kv_lens, res_lens, softmax=torch.float32)
 
 
 def attention_f32(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None) -> torch.Tensor:
     """The formula in float32 (K/V dequantized in float32, float32 matmuls and softmax), the output rounded to the
     query's dtype: the same-precision reference of FlashAttention's rule. query [B, Hq, Lq, D] -> [B, Hq, Lq, D]."""
-    b = query.shape[0]
-    t = kv.num_quantized
-    f32 = torch.float32
-    if t:
-        kq, vq = dequantized_kv(kv, f32)
-        k_all = torch.cat([kq.cpu(), kv.k_res.cpu().to(f32)], 2)
-        v_all = torch.cat([vq.cpu(), kv.v_res.cpu().to(f32)], 2)
-    else:
-        k_all, v_all = kv.k_res.cpu().to(f32), kv.v_res.cpu().to(f32)
-    out = _attention(query.cpu().to(f32), k_all, v_all, scaling, _lens(kv_lens, t, b),
-                     _lens(res_lens, kv.k_res.shape[2], b), t, f32, f32)
-    return out.to(query.dtype)
+    return _attention_in(torch.float32, query, kv, scaling, kv_lens, res_lens).to(query.dtype)
 
 
 def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
