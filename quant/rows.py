@@ -106,6 +106,9 @@ class RowsLayer(CacheLayerMixin):
     def graph_ready(self) -> bool:
         return all(getattr(row, "graph_ready", lambda: False)() for row in self.rows)
 
+    def graph_key(self) -> tuple:
+        return tuple(row.graph_key() for row in self.rows)
+
     def advance_host(self) -> None:
         for row in self.rows:
             row.advance_host()

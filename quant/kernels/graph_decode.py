@@ -9,7 +9,10 @@ replayed as a graph). `decode_graphs(model, cache)` wraps `model.forward` while 
 - the other steps replay a graph captured at the first of them. The step's tensor inputs (token and position
   ids) are copied into the graph's own; the cache's device state advances inside the graph (OScaRLayer's fixed
   window and its device length) and the host advances the layers' counters (`advance_host`). A graph lives
-  until the next flush, then the next step captures a new one (one capture per 128 tokens).
+  as long as the buffers it was captured on (the layers' `graph_key`: addresses and shapes): a flush writes its
+  block into the packed buffers in place, so the graph captured before it replays after it; a buffer that grows
+  (every HEADROOM tokens of decoding, quant/methods/oscar.py) makes the next step capture a new one. In a padded
+  batch each sequence flushes at its own step: those steps run eagerly and the rest replay one graph.
 A capture that fails (a host sync in some model's forward) restores the layers' host state (capturing runs
 no device work), warns once and leaves the rest of the call eager. Graph steps give the eager steps' logits
 bit for bit (tests/kernels/test_graph_decode.py). The cache's kernel options turn it off (cuda_graphs=False).
@@ -52,7 +55,7 @@ class GraphDecoder:
         # A padded batch's layers hand the attention per-sequence steps with their own lengths (quant/rows.py): its
         # padding mask is not read either (generate passes the position ids it implies).
         self.padded = any(isinstance(layer, RowsLayer) for layer in self.layers)
-        if not all(hasattr(layer, "graph_ready") for layer in self.layers):
+        if not all(hasattr(layer, "graph_ready") and hasattr(layer, "graph_key") for layer in self.layers):
             raise ValueError("graph decoding needs a cache whose layers all have fixed-shape decode steps "
                              "(quant.methods.oscar.OScaRLayer on the kernel path)")
         self.counts = {"eager": 0, "captured": 0, "replayed": 0}
@@ -90,10 +93,9 @@ class GraphDecoder:
         if call is None:
             return self._forward(*args, **kwargs)
         if self.failure is not None or not all(layer.graph_ready() for layer in self.layers):
-            self._drop()  # a flush replaces the packed tensors the graph reads
-            self.counts["eager"] += 1
+            self.counts["eager"] += 1  # a flush (the graph stays: see graph_key) or a growth
             return self._forward(**kwargs)
-        key = signature(call)
+        key = (signature(call), tuple(layer.graph_key() for layer in self.layers))
         if self.graph is None or key != self.key:
             return self._capture(call, key)
         for name, buf in self.inputs.items():

@@ -84,6 +84,10 @@ class BF16Layer(QuantLayer):
         """Whether the next decode step is the same device work as the last: the buffers are open and have room."""
         return self._buf is not None and self.seen + 1 <= self._buf[0].shape[-2]
 
+    def graph_key(self) -> tuple:
+        """The addresses and shapes of the buffers a captured step writes and reads (they change when they grow)."""
+        return tuple((t.data_ptr(), tuple(t.shape)) for t in (*self._buf, self._len))
+
     def advance_host(self):
         """The host's share of a step whose device work (write, length + 1) ran or was replayed."""
         self.seen += 1

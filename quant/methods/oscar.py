@@ -359,6 +359,15 @@ class OScaRLayer(QuantLayer):
         step's token does not fill it."""
         return self._win is not None and self.k_res.shape[-2] + 1 < self.config.residual_length
 
+    def graph_key(self) -> tuple:
+        """What a captured step's device work is bound to besides its inputs: the addresses and shapes of the buffers
+        it reads and writes. A flush writes its block into the packed buffers in place and leaves this unchanged (a
+        graph captured before it replays after it); a growth or the first packed block changes it."""
+        bufs = [self._win[0], self._win[1], self._win_len, self._kv_lens, self._nbuf]
+        for q in (self._kbuf, self._vbuf):
+            bufs += [None] if q is None else [q.codes, q.scale, q.zero]
+        return tuple(None if t is None else (t.data_ptr(), tuple(t.shape)) for t in bufs)
+
     def advance_host(self):
         """The host's share of a decode step whose device work (window write, length + 1) ran or was replayed."""
         n = self.k_res.shape[-2] + 1
