@@ -10,6 +10,7 @@ per method. A summary table closes the run.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import random
 import sys
@@ -22,7 +23,7 @@ from harness import results as R
 from harness import stats
 
 # Counts some tasks return among their metrics; the result has them as n_items / n_errors instead.
-COUNT_KEYS = frozenset({"n", "n_items", "n_errors", "failed", "windows", "tokens"})
+COUNT_KEYS = frozenset({"n", "n_items", "n_errors", "n_unscored", "failed", "windows", "tokens"})
 DEFAULT_OUT = str(R.RUNS_DIR / "{task}" / "{model}" / "{method}.json")
 
 
@@ -156,6 +157,7 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     else:
         adapter.kernels = kernels
     model_info = R.model_info(adapter)
+    task_obj = scoring_for(task_obj, model_info)
     # record what will actually run: kernels on a GPU, the torch reference elsewhere
     backend = kernels.backend_for(next(adapter.model.parameters()).device)
     fingerprint = task_obj.data_fingerprint(items)
@@ -335,21 +337,37 @@ def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resa
     }
 
 
+def scoring_for(task, model_info: dict[str, Any]):
+    """The task as this model's run scores it: a shape-real model with random weights answers noise, so a task
+    that scores with models of its own (MMAU-Pro's embedder and judge) gets a copy that does not run them."""
+    random_size = model_info.get("weights") == "random" and not model_info.get("replica")
+    if random_size and getattr(task, "model_scoring", False):
+        task = copy.copy(task)
+        task.model_scoring = False
+    return task
+
+
 def aggregate_with_ci(task, records, n_resamples: int, seed: int):
-    """(metrics, categories) in the schema's shape; intervals from a bootstrap over the task's aggregate."""
+    """(metrics, categories) in the schema's shape; intervals from a bootstrap over the task's aggregate. A run
+    whose items were all left unscored (`scoring_for`) gets its primary metric as null."""
     agg = task.aggregate(records)
     point = {k: R.number(v) for k, v in agg["metrics"].items() if R.is_number(v) and k not in COUNT_KEYS}
-    if not point:
+    unscored = bool(agg["metrics"].get("n_unscored"))
+    if not point and not unscored:
         raise ValueError(f"task {task.name}: aggregate() returned no numeric metric ({agg['metrics']!r})")
 
     def statistics(rs):
         m = task.aggregate(rs)["metrics"]
         return {k: R.number(m.get(k)) for k in point}
 
-    cis = stats.bootstrap_cis(records, statistics, n_resamples=n_resamples, seed=seed)
+    cis = stats.bootstrap_cis(records, statistics, n_resamples=n_resamples, seed=seed) if point else {}
     method = stats.ci_method_text(n_resamples)
     metrics = {k: {"value": v, "ci_low": cis[k][0], "ci_high": cis[k][1], "ci_method": method,
                    "higher_is_better": R.higher_is_better(k, task), "n": len(records)} for k, v in point.items()}
+    primary = getattr(task, "primary_metric", None)
+    if unscored and primary and primary not in metrics:  # items left unscored (`scoring_for`): no value to give
+        metrics[primary] = {"value": None, "ci_low": None, "ci_high": None, "ci_method": "not scored",
+                            "higher_is_better": R.higher_is_better(primary, task), "n": len(records)}
     categories = {}
     for cat, values in (agg.get("categories") or {}).items():
         n = int(values.get("n", sum(1 for r in records if r.get("category") == cat)))

@@ -42,6 +42,9 @@ def excluded_reason(item: dict[str, Any]) -> str | None:
     return None
 
 
+UNSCORED = "not scored: a model with random weights (no embedder or judge run)"
+
+
 class MMAUProTask:
     name = "mmau-pro"
     version = VERSION
@@ -50,10 +53,13 @@ class MMAUProTask:
 
     def __init__(self, judge: str | None = None, embedder: str | None = None,
                  judge_max_new_tokens: int = judge.MAX_NEW_TOKENS, judge_seed: int = judge.SEED,
-                 device: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS):
+                 device: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS, model_scoring: bool = True):
         """judge / embedder: specs for judge.load_judge / embed.load_embedder (None: env var, then the
-        default); max_new_tokens and judge_max_new_tokens: official 128 / 512, smaller only for smoke runs."""
-        self.max_new_tokens = max_new_tokens
+        default); max_new_tokens and judge_max_new_tokens: official 128 / 512, smaller only for smoke runs.
+        model_scoring=False: closed and open items are not scored (no embedder, no judge: a record says
+        "unscored"); the harness sets it for a shape-real model with random weights, whose answers mean nothing
+        (its run measures speed, memory and the code path). Instruction-following items are still scored (rules)."""
+        self.max_new_tokens, self.model_scoring = max_new_tokens, model_scoring
         self.judge_spec, self.embedder_spec = judge, embedder
         self.judge_max_new_tokens, self.judge_seed, self.device = judge_max_new_tokens, judge_seed, device
         self._judge: judge.Judge | None = None
@@ -86,6 +92,8 @@ class MMAUProTask:
     def score_prediction(self, item: dict[str, Any], prediction: str) -> dict[str, Any]:
         """{"scores": {...}, "scorer": {...}, and kind-specific details} for one prediction."""
         kind = score.kind(item)
+        if not self.model_scoring and kind in ("closed", "open"):
+            return {"unscored": UNSCORED}
         if kind == "closed":
             return self.score_closed(item, prediction)
         if kind == "open":
@@ -163,7 +171,7 @@ class MMAUProTask:
     def describe(self) -> dict[str, Any]:
         """Settings a result should record: prompt, decoding, and the scorers asked for (the ones
         actually used are in each record's "scorer" and in aggregate()["scorers"])."""
-        settings = {"prompt": "question + lettered choices", "decoding": "greedy",
+        settings = {"prompt": "question + lettered choices", "decoding": "greedy", "model_scoring": self.model_scoring,
                     "max_new_tokens": self.max_new_tokens,
                     "judge": self.judge_spec or os.environ.get(judge.ENV) or judge.OFFICIAL,
                     "judge_max_new_tokens": self.judge_max_new_tokens, "judge_seed": self.judge_seed,

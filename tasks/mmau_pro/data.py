@@ -40,10 +40,12 @@ _LIST_COLUMNS = ("choices", "perceptual_skills", "reasoning_skills")
 
 
 def load_items(data: str | None, limit: int | None = None) -> list[dict[str, Any]]:
-    """Items from `data` (None = official data, "generated" = the generated set, else a path)."""
-    from tasks.mmau_pro.generate import ensure_generated
+    """Items from `data` (None = official data, "generated" = the generated set, "generated-large" = that set after
+    its long items, else a path)."""
+    from tasks.mmau_pro.generate import ensure_generated, ensure_generated_large
 
-    return common.load_items(data, limit, load_path=load_path, load_official=load_official, generated=ensure_generated)
+    return common.load_items(data, limit, load_path=load_path, load_official=load_official, generated=ensure_generated,
+                             generated_large=ensure_generated_large)
 
 
 def load_official() -> list[dict[str, Any]]:

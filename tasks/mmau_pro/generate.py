@@ -6,6 +6,8 @@ $OSCAR_EVAL_CACHE or ~/.cache/oscar-eval. Clips are tones, chords, noise, sweeps
 made with numpy; some items have two clips. Questions: closed form (categories "sound", "music",
 "sound-music"), open ("open") and one instruction-following item per official AIF rule. Items are
 interleaved by category so the first few cover every kind. One seed: the same set every time.
+`build_large` ("generated-large") puts LONG_ITEMS first: clips of minutes, one item with three 300-second clips
+(over 11K audio tokens on Qwen3-Omni), for speed and memory at the lengths of MMAU-Pro's long items.
 """
 from __future__ import annotations
 
@@ -212,3 +214,50 @@ def build(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
 def ensure_generated(root: Path | None = None) -> Path:
     """The generated set's folder, built first when missing (see tasks.common.ensure_built)."""
     return ensure_built(f"mmau-pro-generated-v{GENERATOR_VERSION}", build, root)
+
+
+# (seconds of each clip, question, answer, choices, category, kind) of the long items, in this order first.
+LONG_ITEMS: tuple[tuple[tuple[float, ...], str, str, tuple[str, ...], str], ...] = (
+    ((120.0,), "Which best describes the sound in the audio?", "a steady pure tone", tuple(SOUNDS), "sound"),
+    ((300.0,), "Describe what you hear in the audio.", "A steady tone with noise that slowly rises in pitch.", (),
+     "open"),
+    ((300.0, 300.0, 300.0), "Which of the three clips is the loudest?", "the third clip",
+     ("the first clip", "the second clip", "the third clip"), "sound-music"),
+    ((200.0,), "Describe the audio. Answer in at most 8 words.", "", (), "instruction following"),
+)
+
+
+def long_clip(seconds: float, k: int, nrng: np.random.Generator) -> np.ndarray:
+    """A slow sweep under noise, louder for a later clip of an item (clip k)."""
+    return (0.3 * (k + 1) * sweep(200.0, 800.0, seconds) / 3 + noise(seconds, nrng, 0.02)).astype(np.float32)
+
+
+def build_large(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
+    """LONG_ITEMS (first: `--limit 4` takes exactly them), then the generated set, in the official layout."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = build(target, seed)
+    nrng = np.random.default_rng(seed + 1)
+    long_rows = []
+    for n, (durations, question, answer, choices, category) in enumerate(LONG_ITEMS):
+        paths = []
+        for k, seconds in enumerate(durations):
+            paths.append(f"data/long-{n:04d}-{k}.wav")
+            write_wav(target / paths[-1], long_clip(seconds, k, nrng))
+        aif = category == "instruction following"
+        kind = {"open": "open-ended", "instruction following": "instruction following"}.get(category, "closed-ended")
+        long_rows.append({"id": f"long-{n:04d}", "audio_path": paths, "question": question, "answer": answer,
+                          "choices": list(choices), "category": category,
+                          "task_identifier": "Number Words (at most)" if aif else None,
+                          "kwargs": {"N": 8} if aif else None, "length_type": "long", "perceptual_skills": [],
+                          "reasoning_skills": [], "transcription": None, "task_classification": kind,
+                          "sub-cat": "long audio"})
+    rows = long_rows + rows
+    pq.write_table(pa.Table.from_pylist(rows, schema=_schema()), target / "test.parquet")
+    return rows
+
+
+def ensure_generated_large(root: Path | None = None) -> Path:
+    """The generated set with its long items first (`build_large`), built first when missing."""
+    return ensure_built(f"mmau-pro-generated-large-v{GENERATOR_VERSION}", build_large, root)

@@ -192,9 +192,12 @@ def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """
     by_category: dict[str, list[dict[str, Any]]] = {}
     excluded: dict[str, int] = {}
+    unscored = 0
     for r in records:
         if r.get("kind") == "excluded":
             excluded[r["category"]] = excluded.get(r["category"], 0) + 1
+        elif r.get("unscored"):  # a random-weight model's closed / open answer (MMAUProTask.model_scoring)
+            unscored += 1
         elif "scores" not in r:
             raise ValueError(f"MMAU-Pro record {r.get('id')!r} has no scores; every row is scored officially "
                              "(re-score old results with python -m tasks.mmau_pro.rescore)")
@@ -221,6 +224,9 @@ def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "overall_letters_mapped": _weighted(categories, "score_letters_mapped"),
         "n": len(records),
         "n_errors": sum(1 for r in records if "error" in r),
+        "n_unscored": unscored,
     }
+    if unscored:  # the official weighting over every category cannot be formed without them
+        metrics["overall"] = metrics["overall_letters_mapped"] = None
     scorers = sorted({json.dumps(r.get("scorer", {}), sort_keys=True) for rs in by_category.values() for r in rs})
     return {"metrics": metrics, "categories": categories, "scorers": [json.loads(s) for s in scorers], "rules": RULES}
