@@ -47,8 +47,8 @@ def test_run_figures_from_item_costs():
                {"id": "b", "loop_s": 2.0, "cost": {"prefill_s": 1.0, "decode_s": 2.0, "decode_steps": 8,
                                                    "kernel_steps": 0, "peak_cuda_bytes": 9}}]
     figures = R.cost_figures(records, 4.0)
-    assert figures == {"items_per_s": 0.5, "prefill_s": 2.0, "decode_s": 4.0, "decode_steps_per_s": 4.0,
-                       "kernel_step_share": 0.5, "peak_item_cuda_bytes": 9}
+    assert figures == {"items_per_s": 0.5, "items_per_s_steady": 0.5, "prefill_s": 2.0, "decode_s": 4.0,
+                       "decode_steps_per_s": 4.0, "kernel_step_share": 0.5, "peak_item_cuda_bytes": 9}
     assert R.cost_figures([{"id": "a", "loop_s": 1.0}], 1.0) == {"items_per_s": 1.0}
 
 
