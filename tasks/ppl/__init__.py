@@ -8,7 +8,8 @@ With a continuation longer than a method's window R, most scored tokens attend o
 only over a quantized distant past.
 
 Speed without changing what is scored (tasks/ppl/scoring.py): the windows of a run go through the model in
-batches, and the continuation goes in chunks a method declares exact (MethodConfig.exact_chunk: e.g. R - 1 tokens
+batches, the prompt's exact forward runs once per batch for all the methods of a run (scoring.Prefills), and the
+continuation goes in chunks a method declares exact (MethodConfig.exact_chunk: e.g. R - 1 tokens
 between two block flushes, then the flushing token alone), so each scored token sees exactly what one decode step
 at a time would show it.
 Metric: perplexity = exp(sum of NLL / number of scored tokens) over all windows.
@@ -20,7 +21,7 @@ import math
 from pathlib import Path
 
 from tasks.base import TaskDataError
-from tasks.ppl.scoring import score_batch
+from tasks.ppl.scoring import Prefills, score_batch
 
 LICENSE_DIR = Path("/usr/share/common-licenses")
 LICENSE_FILES = ("GPL-3", "LGPL-2.1", "GFDL-1.3", "MPL-2.0", "Apache-2.0", "CC0-1.0", "Artistic", "GPL-2", "MPL-1.1")
@@ -39,6 +40,7 @@ class PerplexityTask:
         self.window_chars = int(math.ceil((context + continuation) * CHARS_PER_TOKEN))
         self._order: list[dict] = []  # the loaded items, so one call can score the next few windows with it
         self._done: dict[tuple[str, str], dict] = {}  # records scored ahead of their turn
+        self._prefills = Prefills()  # the exact prompts' forwards, shared by the methods of a run
 
     def describe(self) -> dict:
         return {"context_tokens": self.context, "scored_tokens": self.continuation, "window_chars": self.window_chars,
@@ -119,8 +121,9 @@ class PerplexityTask:
                 records[str(item["id"])] = {"id": item["id"], "error": str(exc)}
         if rows:
             ids = torch.cat([r[1] for r in rows]).to(adapter.device)
+            self._prefills.reused = False
             with torch.no_grad():
-                nll, cache = score_batch(adapter, method, ids, self.context)
+                nll, cache = score_batch(adapter, method, ids, self.context, self._prefills)
             kv = cache.nbytes()
             per_row = per_sequence(kv, len(rows))
             wall = (time.perf_counter() - start) / len(rows)
@@ -132,6 +135,8 @@ class PerplexityTask:
                     "modality_tokens": {"text": self.context + n},
                     "kv_bytes": per_row, "bits_per_element": kv["bits_per_element"], "window": method.window,
                     "wall_s": wall,
+                    # the prompt's forward was an earlier method's (scoring.Prefills): wall_s is the rest of the work
+                    "prefill_reused": self._prefills.reused,
                 }
         return [records[str(item["id"])] for item in items]
 
