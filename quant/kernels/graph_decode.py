@@ -61,6 +61,9 @@ class GraphDecoder:
         self.counts = {"eager": 0, "captured": 0, "replayed": 0}
         self.failure: str | None = None
         self._forward = None
+        # The layers' graph keys, read again only after a forward that ran eagerly (only those allocate or grow
+        # buffers; a replay moves nothing): not on the host's path of every replayed step.
+        self._buffers: tuple | None = None
         # Graphs capture and replay on the current device's streams: make it the model's (e.g. --device cuda:1).
         device = next(model.parameters()).device
         self._on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -91,11 +94,15 @@ class GraphDecoder:
     def step(self, *args, **kwargs):
         call = None if args else self._graph_kwargs(kwargs)
         if call is None:
+            self._buffers = None
             return self._forward(*args, **kwargs)
         if self.failure is not None or not all(layer.graph_ready() for layer in self.layers):
             self.counts["eager"] += 1  # a flush (the graph stays: see graph_key) or a growth
+            self._buffers = None
             return self._forward(**kwargs)
-        key = (signature(call), tuple(layer.graph_key() for layer in self.layers))
+        if self._buffers is None:
+            self._buffers = tuple(layer.graph_key() for layer in self.layers)
+        key = (signature(call), self._buffers)
         if self.graph is None or key != self.key:
             return self._capture(call, key)
         for name, buf in self.inputs.items():

@@ -150,6 +150,12 @@ def check_zero_point(method: str, value: str) -> None:
           f"(x_hat = s * (q - round(-min / s))), got {value!r}")
 
 
+def addresses(*tensors: torch.Tensor | None) -> tuple:
+    """(data_ptr, shape) of each tensor (None stays None): what a CUDA graph captured over them is bound to (a layer's
+    graph_key, quant/kernels/graph_decode.py)."""
+    return tuple(None if t is None else (t.data_ptr(), tuple(t.shape)) for t in tensors)
+
+
 def own(x: torch.Tensor) -> torch.Tensor:
     """`x`, copied when it is a small view of a larger tensor (a window's remainder after a flush of the prompt):
     a view keeps its whole base alive, here the prompt's exact K/V of every layer until the cache is dropped."""

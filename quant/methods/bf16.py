@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quant.methods.base import MethodConfig, QuantLayer, cat_tokens, check
+from quant.methods.base import MethodConfig, QuantLayer, addresses, cat_tokens, check
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class BF16Layer(QuantLayer):
 
     def graph_key(self) -> tuple:
         """The addresses and shapes of the buffers a captured step writes and reads (they change when they grow)."""
-        return tuple((t.data_ptr(), tuple(t.shape)) for t in (*self._buf, self._len))
+        return addresses(*self._buf, self._len)
 
     def advance_host(self):
         """The host's share of a step whose device work (write, length + 1) ran or was replayed."""

@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from quant.methods.base import (MethodConfig, QuantLayer, block_flush_chunk, cat_tokens, own, check, check_pow2_group,
-                                check_zero_point)
+from quant.methods.base import (MethodConfig, QuantLayer, addresses, block_flush_chunk, cat_tokens, check,
+                                check_pow2_group, check_zero_point, own)
 from quant.packed import TL_BLOCK, PackedKV, QTensor, cat_optional, quantize, quantize_segments
 from quant.primitives import hadamard
 
@@ -366,7 +366,7 @@ class OScaRLayer(QuantLayer):
         bufs = [self._win[0], self._win[1], self._win_len, self._kv_lens, self._nbuf]
         for q in (self._kbuf, self._vbuf):
             bufs += [None] if q is None else [q.codes, q.scale, q.zero]
-        return tuple(None if t is None else (t.data_ptr(), tuple(t.shape)) for t in bufs)
+        return addresses(*bufs)
 
     def advance_host(self):
         """The host's share of a decode step whose device work (window write, length + 1) ran or was replayed."""
