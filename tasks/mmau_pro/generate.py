@@ -185,6 +185,24 @@ def _schema():
     return pa.schema(columns)
 
 
+def write_rows(target: Path, items: list[dict[str, Any]], prefix: str, length_type: str) -> list[dict[str, Any]]:
+    """Each item's clips as data/<prefix>-<n>-<k>.wav under `target`, and its row in the official columns."""
+    (target / "data").mkdir(parents=True, exist_ok=True)
+    kinds = {"open": "open-ended", "instruction following": "instruction following"}
+    rows = []
+    for n, item in enumerate(items):
+        paths = []
+        for k, clip in enumerate(item["clips"]):
+            paths.append(f"data/{prefix}-{n:04d}-{k}.wav")
+            write_wav(target / paths[-1], clip)
+        rows.append({"id": f"{prefix}-{n:04d}", "audio_path": paths, "task_identifier": item.get("task_identifier"),
+                     "kwargs": item.get("kwargs"), "length_type": length_type, "perceptual_skills": [],
+                     "reasoning_skills": [], "transcription": None,
+                     "task_classification": kinds.get(item["category"], "closed-ended"),
+                     **{k: item[k] for k in ("question", "answer", "choices", "category", "sub-cat")}})
+    return rows
+
+
 def build(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
     """Write test.parquet and data/*.wav into `target`; return the parquet rows."""
     import pyarrow as pa
@@ -193,19 +211,7 @@ def build(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
     rng, nrng = random.Random(seed), np.random.default_rng(seed)
     closed = closed_items(rng, nrng)
     items = interleave([closed["sound"], closed["music"], closed["sound-music"], open_items(nrng), aif_items(nrng)])
-    (target / "data").mkdir(parents=True, exist_ok=True)
-    rows = []
-    for n, item in enumerate(items):
-        paths = []
-        for k, clip in enumerate(item.pop("clips")):
-            paths.append(f"data/gen-{n:04d}-{k}.wav")
-            write_wav(target / paths[-1], clip)
-        kinds = {"open": "open-ended", "instruction following": "instruction following"}
-        kind = kinds.get(item["category"], "closed-ended")
-        rows.append({"id": f"gen-{n:04d}", "audio_path": paths, "task_identifier": item.get("task_identifier"),
-                     "kwargs": item.get("kwargs"), "length_type": "short", "perceptual_skills": [],
-                     "reasoning_skills": [], "transcription": None, "task_classification": kind,
-                     **{k: item[k] for k in ("question", "answer", "choices", "category", "sub-cat")}})
+    rows = write_rows(target, items, "gen", "short")
     pq.write_table(pa.Table.from_pylist(rows, schema=_schema()), target / "test.parquet")
     (target / COMPLETE_MARKER).write_text(str(GENERATOR_VERSION))
     return rows
@@ -239,21 +245,14 @@ def build_large(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
 
     rows = build(target, seed)
     nrng = np.random.default_rng(seed + 1)
-    long_rows = []
-    for n, (durations, question, answer, choices, category) in enumerate(LONG_ITEMS):
-        paths = []
-        for k, seconds in enumerate(durations):
-            paths.append(f"data/long-{n:04d}-{k}.wav")
-            write_wav(target / paths[-1], long_clip(seconds, k, nrng))
+    items = []
+    for durations, question, answer, choices, category in LONG_ITEMS:
         aif = category == "instruction following"
-        kind = {"open": "open-ended", "instruction following": "instruction following"}.get(category, "closed-ended")
-        long_rows.append({"id": f"long-{n:04d}", "audio_path": paths, "question": question, "answer": answer,
-                          "choices": list(choices), "category": category,
-                          "task_identifier": "Number Words (at most)" if aif else None,
-                          "kwargs": {"N": 8} if aif else None, "length_type": "long", "perceptual_skills": [],
-                          "reasoning_skills": [], "transcription": None, "task_classification": kind,
-                          "sub-cat": "long audio"})
-    rows = long_rows + rows
+        items.append({"question": question, "answer": answer, "choices": list(choices), "category": category,
+                      "sub-cat": "long audio", "clips": [long_clip(s, k, nrng) for k, s in enumerate(durations)],
+                      "task_identifier": "Number Words (at most)" if aif else None,
+                      "kwargs": {"N": 8} if aif else None})
+    rows = write_rows(target, items, "long", "long") + rows
     pq.write_table(pa.Table.from_pylist(rows, schema=_schema()), target / "test.parquet")
     return rows
 
