@@ -33,17 +33,15 @@ def use_build(flags: str) -> None:
     cuda.load.cache_clear()
 
 
-def measure(q, kv, scaling: float, single: bool, timed: bool) -> dict:
+def measure(q, kv, scaling: float, single: bool, timed: bool) -> tuple[torch.Tensor, dict]:
+    """(the decode's output, its graph times in us when timed)."""
     def run():
         if single:
             return cuda.decode_attention(q, kv, scaling, split_tokens=kv.k.num_tokens, window_cta=False)
         return cuda.decode_attention(q, kv, scaling)
 
     out = run()
-    row = {"out": out}
-    if timed:
-        row["dirty_us"], row["clean_us"] = _graph_us(run), _graph_us(run, clean=True)
-    return row
+    return out, ({"dirty_us": _graph_us(run), "clean_us": _graph_us(run, clean=True)} if timed else {})
 
 
 def main() -> None:
@@ -57,25 +55,22 @@ def main() -> None:
     p.add_argument("--out", default=None)
     a = p.parse_args()
     builds = [b.partition("=")[::2] for b in a.builds.split(",")]
-    hq, hkv, d = SHAPES[a.shape]
-    scaling = d**-0.5
+    scaling = SHAPES[a.shape][2] ** -0.5
     print(f"{torch.cuda.get_device_name()}, {a.shape}: error vs float64 (budget: 2 x the float32 reference's); "
           "graph replay us dirty / clean")
     rows = []
     cases = [(pt, False) for pt in a.points.split(",") if pt] + [(pt, True) for pt in a.single.split(",") if pt]
     for point, single in cases:
         b, ctx = (int(v) for v in point.lower().split("x"))
-        use_build("")
-        q, kv = inputs(a.shape, b, ctx)
+        q, kv = inputs(a.shape, b, ctx)  # packed by the default build (sweep_splits.default_build)
         ref = None if a.no_error else attention_f64(q, kv, scaling)
         budget = math.nan if a.no_error else relative_error(attention_f32(q, kv, scaling), ref)
         row = {"point": point, "single_split": single, "f32_reference_error": budget}
         for name, flags in builds:
             use_build(flags)
-            m = measure(q, kv, scaling, single, timed=not a.no_time)
-            out = m.pop("out")
+            out, times = measure(q, kv, scaling, single, timed=not a.no_time)
             err = math.nan if ref is None else relative_error(out, ref)
-            row[name] = {"flags": flags, "error": err, "ratio": err / budget, **m}
+            row[name] = {"flags": flags, "error": err, "ratio": err / budget, **times}
         rows.append(row)
         cells = "  ".join(f"{n}:" + ("" if a.no_error else f" {row[n]['error']:.3%} ({row[n]['ratio']:.2f}x)")
                           + (f" {row[n]['dirty_us']:.1f}/{row[n]['clean_us']:.1f}" if "dirty_us" in row[n] else "")
