@@ -90,7 +90,8 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch:
 
 // k, v [B, H, T, D] (fp16/bf16/fp32, last dim contiguous), T % 32 == 0 -> (kc, ks, kz, vc, vs, vz, norms),
 // codes in the frag order and value scales/zeros per block as [D/32][32] (quant/packed.py).
-std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, bool token_norm, bool rotate_values) {
+std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, bool token_norm, bool rotate_values,
+                                bool integer_zero) {
   TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.size(3) == D, "K and V must be [B, H, T, ", oscar::num(D), "]");
   TORCH_CHECK(k.is_cuda() && v.is_cuda() && k.scalar_type() == v.scalar_type(), "K and V: CUDA, same dtype");
   TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "K and V need a contiguous last dim");
@@ -106,7 +107,8 @@ std::vector<torch::Tensor> pack(torch::Tensor k, torch::Tensor v, bool rotate, b
                       v.stride(2), kc.data_ptr<int32_t>(), reinterpret_cast<__half*>(ks.data_ptr()),
                       reinterpret_cast<__half*>(kz.data_ptr()), vc.data_ptr<int32_t>(),
                       reinterpret_cast<__half*>(vs.data_ptr()), reinterpret_cast<__half*>(vz.data_ptr()),
-                      norms.data_ptr<float>(), static_cast<int>(h), static_cast<int>(t), rotate, token_norm, rotate_values};
+                      norms.data_ptr<float>(), static_cast<int>(h), static_cast<int>(t), rotate, token_norm, rotate_values,
+                      integer_zero};
   auto stream = c10::cuda::getCurrentCUDAStream();
   cudaError_t e;
   switch (k.scalar_type()) {

@@ -70,7 +70,7 @@ class QuantizedKVCache(Cache):
                                       modalities=None if self.modalities is None else self.modalities[b:b + 1, pad:])
                   for b, pad in enumerate(pads)]
         self.layers = [RowsLayer([self.method.make_layer(dataclasses.replace(layer.ctx, state=state, row=b))
-                                  for b, state in enumerate(states)], pads) for layer in self.layers]
+                                  for b, state in enumerate(states)], pads, self.state) for layer in self.layers]
         self.shared["pads"] = pads  # methods that watch the model's activations skip them (RotateKV's sinks)
 
     def row(self, b: int) -> "QuantizedKVCache":
@@ -80,7 +80,7 @@ class QuantizedKVCache(Cache):
             return self
         view = object.__new__(type(self))
         view.__dict__.update(self.__dict__)
-        view.layers = [layer.rows[b] for layer in self.layers]
+        view.layers = [layer.row(b) for layer in self.layers]
         view.state = view.layers[0].ctx.state
         view.modalities = view.state.modalities
         return view

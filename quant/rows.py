@@ -10,25 +10,18 @@ expects under left padding.
 At a decode step the rows answer as they would alone:
 - on the reference path, dense K/V [1, H, n_b, D]: they are stacked right-aligned (zeros where row b has pads,
   which the model's attention mask hides), so each row's attention is its batch-1 attention;
-- on the fixed-shape path (OScaR's kernels, BF16's buffers), one step object per row: the attention function
-  (quant.kernels.hf_decode.packed_attention) runs each row's attention on its own step (`RowsStep`).
+- on the fixed-shape path (OScaR's kernels, BF16's buffers), the first decode step moves the rows into one layer of
+  batch B (the method's `stack_rows`: quant.methods.oscar.OScaRRows, quant.methods.bf16.BF16Rows) whose buffers
+  hold each row's tokens at its start with per-sequence lengths, which the kernels take: one launch per layer for
+  the whole batch, and one CUDA graph for every step. Each row still flushes at its own step, storing what it would
+  store alone.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from quant.methods.base import FP_PARTS, QUANTIZED_PARTS
-
-
-@dataclass
-class RowsStep:
-    """Per-sequence decode steps (quant.kernels.hf_decode.PackedStep or DenseStep), row b for query row b."""
-
-    rows: list[Any]
 
 
 def left_pads(attention_mask: torch.Tensor) -> list[int]:
@@ -50,9 +43,11 @@ class RowsLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, rows: list, pads: list[int]):
+    def __init__(self, rows: list, pads: list[int], state=None):
         super().__init__()
         self.rows, self.pads = rows, pads
+        self.state = state  # the batch's cache state (quant.methods.base.CacheState): whether steps take the kernels
+        self.stacked = None  # the rows in one layer of batch B, from the first fixed-shape decode step on
         self.seen = 0  # the padded length transformers counts
         self.is_initialized = True
 
@@ -61,6 +56,14 @@ class RowsLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         first = self.seen == 0
+        if self.stacked is None and not first and self._stacks(key_states):
+            self.stacked = type(self.rows[0]).stack_rows(self.rows, self.state)
+            for row in self.rows:
+                row.reset()  # their tokens live in the stacked layer now; row(b) gives views of them
+        if self.stacked is not None:
+            out = self.stacked.update(key_states, value_states)
+            self.seen += key_states.shape[-2]
+            return out
         outs = []
         for b, row in enumerate(self.rows):
             cut = self.pads[b] if first else 0
@@ -69,8 +72,19 @@ class RowsLayer(CacheLayerMixin):
         if first:  # the prompt attends with its exact K/V under the model's padding mask
             return key_states, value_states
         if not isinstance(outs[0][0], torch.Tensor):
-            return RowsStep([out[0] for out in outs]), None
+            raise TypeError(f"{type(self.rows[0]).__name__} took a fixed-shape decode step without stack_rows: a "
+                            "method with fixed-shape steps must stack a padded batch's rows (quant/rows.py)")
         return self._stack([out[0] for out in outs]), self._stack([out[1] for out in outs])
+
+    def _stacks(self, key_states: torch.Tensor) -> bool:
+        """Whether this step moves the rows into one stacked layer: a one-token step on the fixed-shape path of a
+        method that has one."""
+        return (key_states.shape[-2] == 1 and self.state is not None and self.state.fast_decode
+                and hasattr(type(self.rows[0]), "stack_rows"))
+
+    def row(self, b: int):
+        """Sequence b's layer as it would be alone (views into the stacked layer once there is one)."""
+        return self.rows[b] if self.stacked is None else self.stacked.row(b)
 
     def _stack(self, rows: list[torch.Tensor]) -> torch.Tensor:
         """Per-row [1, H, n_b, D] -> [B, H, seen, D], each row right-aligned (its pads as zeros)."""
@@ -93,6 +107,7 @@ class RowsLayer(CacheLayerMixin):
     def reset(self) -> None:
         for row in self.rows:
             row.reset()
+        self.stacked = None
         self.seen = 0
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -103,33 +118,40 @@ class RowsLayer(CacheLayerMixin):
                                   "decoding or one prompt at a time")
 
     # -- the fixed-shape decode's protocol (quant.kernels.graph_decode) ----------------------------------------
+    def _steps(self) -> list:
+        return self.rows if self.stacked is None else [self.stacked]
+
     def graph_ready(self) -> bool:
-        return all(getattr(row, "graph_ready", lambda: False)() for row in self.rows)
+        return all(getattr(row, "graph_ready", lambda: False)() for row in self._steps())
 
     def graph_key(self) -> tuple:
-        return tuple(row.graph_key() for row in self.rows)
+        return tuple(row.graph_key() for row in self._steps())
+
+    def graph_variant(self):
+        return tuple(getattr(row, "graph_variant", lambda: None)() for row in self._steps())
 
     def advance_host(self) -> None:
-        for row in self.rows:
+        for row in self._steps():
             row.advance_host()
         self.seen += 1
 
     def host_state(self):
-        return [row.host_state() for row in self.rows], self.seen
+        return [row.host_state() for row in self._steps()], self.seen
 
     def set_host_state(self, state) -> None:
         rows, self.seen = state
-        for row, s in zip(self.rows, rows):
+        for row, s in zip(self._steps(), rows):
             row.set_host_state(s)
 
     # -- accounting ------------------------------------------------------------------------------------------
     def nbytes(self) -> dict[str, int]:
         out = dict.fromkeys(QUANTIZED_PARTS + FP_PARTS, 0)
-        for row in self.rows:
-            for k, v in row.nbytes().items():
+        for b in range(len(self.rows)):
+            for k, v in self.row(b).nbytes().items():
                 out[k] += v
         return out
 
     def elements(self) -> int:
         """K and V elements the rows represent (their own tokens, no pads)."""
-        return sum(2 * row.ctx.num_kv_heads * row.seen * row.ctx.head_dim for row in self.rows if row.is_initialized)
+        rows = [self.row(b) for b in range(len(self.rows))]
+        return sum(2 * row.ctx.num_kv_heads * row.seen * row.ctx.head_dim for row in rows if row.is_initialized)

@@ -5,7 +5,7 @@
 //                                         additions of fwht_rows / fwht_lanes: results are bit-identical to them)
 //   n_t   = ||K[b, :, t, :]|| over all heads and channels (fp32 sum, sqrt_rn; n <= 0 -> 1), written to norms
 //   keys:   y = K_rot / n_t (IEEE division), per channel over the 32 tokens: s = fp16(max(fp16((hi - lo) / 3),
-//           2^-24)), z = fp16(lo), code = clamp(rint((y - z) / s), 0, 3)  (quant_code)
+//           2^-24)), z = fp16(lo) (integer zero point: fp16(-s * rint(-lo / s))), code = clamp(rint((y - z) / s), 0, 3)
 //   values: per token over each 32 channels of V_rot, the same formula (V_rot = V when rotate_values is off: the
 //           model's v_proj already carries the rotation, quant/fold.py)
 // Codes are written in the "frag" order (oscar_layout.cuh, quant.packed.frag_pack) and value scales/zeros per
@@ -68,6 +68,7 @@ struct PackParams {
   int heads, tokens;
   bool rotate, token_norm;
   bool rotate_values;  // false: the values arrive rotated (OScaR's V Hadamard folded into v_proj / o_proj), keys only
+  bool integer_zero;   // the integer zero point's offset instead of the float minimum (group_params)
 };
 
 constexpr float kMinScale = 5.9604644775390625e-8f;  // quant.primitives.MIN_SCALE = 2**-24, the smallest positive fp16
@@ -130,11 +131,14 @@ __device__ __forceinline__ float div3_rn(float d) {
 
 // Scale and zero of one quantization group from its min/max, exactly as asym_quantize (fp16 rounding twice, the
 // MIN_SCALE clamp), plus what qbits needs as floats: z, r4 = RN(1/s) / 4 and s4 = 4 s (exact power-of-2 scalings).
-__device__ __forceinline__ void group_params(float lo, float hi, __half& hs, __half& hz, float& z, float& r4, float& s4) {
+// integer_zero: the zero is the offset fp16(-s * rint(-lo / s)) of an integer zero point (quant.primitives.integer_zero:
+// the IEEE quotient, ties to even, one rounded product), and the codes clamp(rint((x - z) / s), 0, 3) as for a float one.
+__device__ __forceinline__ void group_params(float lo, float hi, __half& hs, __half& hz, float& z, float& r4, float& s4,
+                                             bool integer_zero) {
   hs = __float2half_rn(fmaxf(__half2float(__float2half_rn(div3_rn(__fsub_rn(hi, lo)))), kMinScale));
-  hz = __float2half_rn(lo);
-  z = __half2float(hz);
   const float s = __half2float(hs);
+  hz = integer_zero ? __float2half_rn(__fmul_rn(-s, rintf(__fdiv_rn(-lo, s)))) : __float2half_rn(lo);
+  z = __half2float(hz);
   r4 = 0.25f * __frcp_rn(s), s4 = 4.f * s;  // s >= 2^-24: 1/s <= 2^24; s = inf: r4 = 0 (every code 0, see qbits)
   // z = -inf with a finite s (lo < -65520): the reference's (x - z) / s = +inf -> code 3 for every non-NaN x. These
   // stand-ins give a = RN(x + FLT_MAX) = FLT_MAX (|x| < 2^17 since s is finite), q0 = FLT_MAX / 4, rem = FLT_MAX,
@@ -438,8 +442,8 @@ __device__ __forceinline__ void key_unit(const PackParams& p, const unsigned cha
     }
     __half s0, s1, z0, z1;
     float2 zf, rf, sf;
-    group_params(l.x, h.x, s0, z0, zf.x, rf.x, sf.x);
-    group_params(l.y, h.y, s1, z1, zf.y, rf.y, sf.y);
+    group_params(l.x, h.x, s0, z0, zf.x, rf.x, sf.x, p.integer_zero);
+    group_params(l.y, h.y, s1, z1, zf.y, rf.y, sf.y, p.integer_zero);
     const int64_t o = (bh * (p.tokens / kGroup) + grp) * D + ch;
     *reinterpret_cast<__half2*>(p.ks + o) = __halves2half2(s0, s1);
     *reinterpret_cast<__half2*>(p.kz + o) = __halves2half2(z0, z1);
@@ -541,7 +545,7 @@ __device__ __forceinline__ void value_unit(const PackParams& p, const unsigned c
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       __half hs, hz;
-      group_params(r1 ? lo[2 + e] : lo[e], r1 ? hi[2 + e] : hi[e], hs, hz, mz[e], mr[e], ms[e]);
+      group_params(r1 ? lo[2 + e] : lo[e], r1 ? hi[2 + e] : hi[e], hs, hz, mz[e], mr[e], ms[e], p.integer_zero);
       p.vs[sbase + 32 * (2 * r1 + e)] = hs;
       p.vz[sbase + 32 * (2 * r1 + e)] = hz;
     }
@@ -556,7 +560,7 @@ __device__ __forceinline__ void value_unit(const PackParams& p, const unsigned c
 #pragma unroll
     for (int cg = 0; cg < kGroups; ++cg) {
       __half hs, hz;
-      group_params(lo[cg], hi[cg], hs, hz, z[cg], r[cg], sc[cg]);
+      group_params(lo[cg], hi[cg], hs, hz, z[cg], r[cg], sc[cg], p.integer_zero);
       p.vs[sbase + 32 * cg] = hs;
       p.vz[sbase + 32 * cg] = hz;
     }

@@ -22,13 +22,11 @@ from typing import Any
 import torch
 
 from quant.kernels.hf_decode import PackedStep
-from quant.rows import RowsStep
 
 
 def on_kernels(step) -> bool:
-    """Whether a layer's decode step hands the attention packed codes (a padded batch: every sequence's step)."""
-    return isinstance(step, PackedStep) or (isinstance(step, RowsStep) and all(isinstance(r, PackedStep)
-                                                                             for r in step.rows))
+    """Whether a layer's decode step hands the attention packed codes (a padded batch's too: quant/rows.py)."""
+    return isinstance(step, PackedStep)
 
 
 class GenerationClock:

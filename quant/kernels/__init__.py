@@ -37,16 +37,36 @@ def decode_attention(query, kv, scaling: float, backend: str | None = None, **op
     if backend == "torch":
         from quant.attention import packed_attention_reference
 
-        kv = valid_part(kv, options.get("kv_lens"), options.get("res_lens"))
-        return packed_attention_reference(query, kv, scaling)
+        kv_lens, res_lens = options.get("kv_lens"), options.get("res_lens")
+        if query.shape[0] > 1 and (_differ(kv_lens) or _differ(res_lens)):  # sequences of different lengths: one by one
+            return torch.cat([decode_attention(query[b:b + 1], row_of(kv, b), scaling, "torch",
+                                               kv_lens=None if kv_lens is None else kv_lens[b:b + 1],
+                                               res_lens=None if res_lens is None else res_lens[b:b + 1])
+                              for b in range(query.shape[0])])
+        return packed_attention_reference(query, valid_part(kv, kv_lens, res_lens), scaling)
     if backend == "cuda":
         options["wide"] = wide
     return _module(backend, "decode").decode_attention(query, kv, scaling, **options)
 
 
+def _differ(lens) -> bool:
+    return lens is not None and len(set(torch.as_tensor(lens).reshape(-1).tolist())) > 1
+
+
+def row_of(kv, b: int):
+    """Sequence b of a PackedKV, as a batch of one (views)."""
+    from dataclasses import replace
+
+    one = lambda t: t[b:b + 1]  # noqa: E731
+    return replace(kv, k=None if kv.k is None else kv.k.map(one), v=None if kv.v is None else kv.v.map(one),
+                   norms=None if kv.norms is None else kv.norms[b:b + 1], k_res=kv.k_res[b:b + 1],
+                   v_res=kv.v_res[b:b + 1])
+
+
 def valid_part(kv, kv_lens=None, res_lens=None):
     """kv cut to its valid tokens (buffers kept at capacity hold more), for the reference attention, which takes
-    one length for the whole batch: lengths that differ between sequences raise. Reads the lengths back."""
+    one length for the whole batch: lengths that differ between sequences raise (decode_attention's torch backend
+    attends such a batch one sequence at a time). Reads the lengths back."""
     from dataclasses import replace
 
     def one(lens, what):
@@ -79,17 +99,19 @@ def valid_part(kv, kv_lens=None, res_lens=None):
 
 
 def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, backend: str | None = None,
-            rotate_values: bool | None = None):
+            rotate_values: bool | None = None, zero_point: str = "float"):
     """OScaR pack of a block K, V [B, H, T, D] (T % 32 == 0) on a kernel backend: (k_q, v_q, norms), the layout of
     the reference quant.methods.oscar.pack_block.
     rotate_values (default: rotate) = False packs V as it comes: the model's weights carry its rotation
-    (quant/fold.py)."""
+    (quant/fold.py). zero_point: "float" (the minimum) or "integer" (quant.primitives.asym_quantize)."""
     backend = backend or default_backend(k.device)
     rotate_values = rotate if rotate_values is None else rotate_values
     if backend == "torch":  # the reference packer lives with the method: this package never imports quant.methods
         raise ValueError("pack_kv packs with a kernel backend (cuda, triton); the torch reference pack is "
                          "quant.methods.oscar.pack_block")
-    return _module(backend, "pack").pack_kv(k, v, rotate, token_norm, rotate_values)
+    if zero_point not in ("float", "integer"):
+        raise ValueError(f"zero_point must be 'float' or 'integer', got {zero_point!r}")
+    return _module(backend, "pack").pack_kv(k, v, rotate, token_norm, rotate_values, zero_point)
 
 
 def patch_model(model, options: KernelOptions | None = None) -> dict[str, int]:

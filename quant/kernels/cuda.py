@@ -603,14 +603,16 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def pack_kv(k: torch.Tensor, v: torch.Tensor, rotate: bool = True, token_norm: bool = True,
-            rotate_values: bool | None = None):
+            rotate_values: bool | None = None, zero_point: str = "float"):
     """Quantize and pack K, V [B, H, T, D] (T % 32 == 0) with the CUDA kernel; same return value as
     quant.methods.oscar.pack_block: (k_q QTensor axis -2, v_q QTensor axis -1, norms fp32 [B, T] or None),
     codes in the "frag" order the decode kernel reads (quant/packed.py). rotate_values (default: rotate) = False
-    packs V as it comes (its rotation folded into the model's weights, quant/fold.py)."""
+    packs V as it comes (its rotation folded into the model's weights, quant/fold.py). zero_point: "float" or
+    "integer" (quant.primitives.asym_quantize)."""
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
     kc, ks, kz, vc, vs, vz, norms = load(k.shape[-1]).pack(k, v, rotate, token_norm,
-                                                             rotate if rotate_values is None else rotate_values)
+                                                             rotate if rotate_values is None else rotate_values,
+                                                             zero_point == "integer")
     return (QTensor(kc, ks, kz, 2, 32, -2, order="frag"), QTensor(vc, vs, vz, 2, 32, -1, order="frag"),
             norms if token_norm else None)

@@ -11,8 +11,10 @@ replayed as a graph). `decode_graphs(model, cache)` wraps `model.forward` while 
   window and its device length) and the host advances the layers' counters (`advance_host`). A graph lives
   as long as the buffers it was captured on (the layers' `graph_key`: addresses and shapes): a flush writes its
   block into the packed buffers in place, so the graph captured before it replays after it; a buffer that grows
-  (every HEADROOM tokens of decoding, quant/methods/oscar.py) makes the next step capture a new one. In a padded
-  batch each sequence flushes at its own step: those steps run eagerly and the rest replay one graph.
+  (every HEADROOM tokens of decoding, quant/methods/oscar.py) makes the next step capture a new one. A padded
+  batch decodes as one stacked layer per layer (quant/rows.py) whose rows flush on the device, each at its own
+  step: after the first (stacking) step, every step replays one of two graphs (the layers' `graph_variant`:
+  whether the step packs some row's full window) until a buffer grows.
 A capture that fails (a host sync in some model's forward) restores the layers' host state (capturing runs
 no device work), warns once and leaves the rest of the call eager. Graph steps give the eager steps' logits
 bit for bit (tests/kernels/test_graph_decode.py). The cache's kernel options turn it off (cuda_graphs=False).
@@ -52,8 +54,8 @@ class GraphDecoder:
     def __init__(self, model, cache):
         self.model, self.cache = model, cache
         self.layers = list(cache.layers)
-        # A padded batch's layers hand the attention per-sequence steps with their own lengths (quant/rows.py): its
-        # padding mask is not read either (generate passes the position ids it implies).
+        # A padded batch's layers hand the attention per-sequence lengths (quant/rows.py): its padding mask is not
+        # read either (generate passes the position ids it implies).
         self.padded = any(isinstance(layer, RowsLayer) for layer in self.layers)
         if not all(hasattr(layer, "graph_ready") and hasattr(layer, "graph_key") for layer in self.layers):
             raise ValueError("graph decoding needs a cache whose layers all have fixed-shape decode steps "
@@ -70,7 +72,8 @@ class GraphDecoder:
         self._drop()
 
     def _drop(self):
-        self.graph, self.key, self.inputs, self.out = None, None, None, None
+        self.graphs: dict[tuple, tuple] = {}  # key -> (graph, its inputs, its output): one per variant of a step
+        self.graph, self.inputs, self.out = None, None, None
 
     def __enter__(self):
         self._on_device.__enter__()
@@ -102,9 +105,10 @@ class GraphDecoder:
             return self._forward(**kwargs)
         if self._buffers is None:
             self._buffers = tuple(layer.graph_key() for layer in self.layers)
-        key = (signature(call), self._buffers)
-        if self.graph is None or key != self.key:
+        key = (signature(call), self._buffers, tuple(getattr(layer, "graph_variant", _none)() for layer in self.layers))
+        if key not in self.graphs:
             return self._capture(call, key)
+        self.graph, self.inputs, self.out = self.graphs[key]
         for name, buf in self.inputs.items():
             buf.copy_(call[name])
         self.graph.replay()
@@ -136,7 +140,8 @@ class GraphDecoder:
         return call
 
     def _capture(self, kwargs, key):
-        self._drop()
+        if any(k[:2] != key[:2] for k in self.graphs):  # graphs of other buffers or inputs: never replayed again
+            self._drop()
         saved = [layer.host_state() for layer in self.layers]
         inputs = {n: v.clone() for n, v in kwargs.items() if isinstance(v, torch.Tensor)}
         graph = torch.cuda.CUDAGraph()
@@ -151,7 +156,8 @@ class GraphDecoder:
                           stacklevel=3)
             self.counts["eager"] += 1
             return self._forward(**kwargs)
-        self.graph, self.key, self.inputs, self.out = graph, key, inputs, out
+        self.graph, self.inputs, self.out = graph, inputs, out
+        self.graphs[key] = graph, inputs, out
         graph.replay()  # capturing recorded the step; this runs it
         self.counts["captured"] += 1
         return self._output()
@@ -161,6 +167,10 @@ class GraphDecoder:
         the graph's memory, which the next replay rewrites."""
         out = self.out
         return type(out)(**{k: _copied(v) for k, v in out.items()})
+
+
+def _none():
+    return None
 
 
 def _copied(value):

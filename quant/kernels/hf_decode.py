@@ -13,7 +13,6 @@ import torch
 
 from quant.kernels import decode_attention
 from quant.packed import PackedKV
-from quant.rows import RowsStep
 
 
 @dataclass
@@ -61,10 +60,6 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
         return decode_attention(query, key, scaling).transpose(1, 2).contiguous(), None
     if isinstance(key, DenseStep):
         return dense_step_attention(query, key, scaling).transpose(1, 2).contiguous(), None
-    if isinstance(key, RowsStep):  # a padded batch: each sequence on its own step (quant/rows.py)
-        outs = [packed_attention(module, query[b:b + 1], step, None, None, dropout, scaling)[0]
-                for b, step in enumerate(key.rows)]
-        return torch.cat(outs, 0), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,

@@ -2,7 +2,8 @@
 
 One program per (sequence b, 32-token group). For K [B, H, T, D] and V [B, H, T, D] (T a multiple of 32):
     K_rot = K @ Hd, n_t = ||K_rot[b, :, t, :]|| over all heads and channels (n <= 0 -> 1)
-    keys:   per channel over the 32 tokens: s = fp16((max - min) / 3), z = fp16(min) of K_rot / n,
+    keys:   per channel over the 32 tokens: s = fp16((max - min) / 3), z = fp16(min) of K_rot / n (integer zero
+            point: z = fp16(-s * rint(-min / s))),
             code = clamp(rint((x - z) / s), 0, 3), 16 tokens per int32 word (token i at bits 2i)
     values: per token over 32 channels of V_rot = V @ Hd, 16 channels per word
 exactly as quant.primitives.asym_quantize + pack_codes define them (fp16 scale/zero rounded before the
@@ -47,13 +48,17 @@ def _rint(y):
 
 
 @triton.jit
-def _quant(x, lo, hi):
-    """asym_quantize given the group's min/max (fp32) -> (int32 codes, fp16 scale, fp16 zero)."""
+def _quant(x, lo, hi, INTEGER: tl.constexpr):
+    """asym_quantize given the group's min/max (fp32) -> (int32 codes, fp16 scale, fp16 zero); INTEGER: the integer
+    zero point's offset -s * rint(-lo / s) (quant.primitives.integer_zero) instead of the minimum."""
     # round to fp16 first, then guard: 2**-24 (quant.primitives.MIN_SCALE) is the smallest positive fp16
     scale = tl.maximum(tl.math.div_rn(hi - lo, tl.full(hi.shape, 3.0, tl.float32)).to(tl.float16).to(tl.float32),
                        5.9604644775390625e-08).to(tl.float16)
-    zero = lo.to(tl.float16)
     sf = scale.to(tl.float32)
+    if INTEGER:
+        zero = (-sf * _rint(tl.math.div_rn(-lo, sf))).to(tl.float16)
+    else:
+        zero = lo.to(tl.float16)
     # A scale that rounds to 0 in fp16 means a (near-)constant group: code 0 reproduces it.
     q = _rint(tl.math.div_rn(x - zero.to(tl.float32), tl.where(sf > 0, sf, 1.0)))
     q = tl.where(sf > 0, q, 0.0)
@@ -64,7 +69,7 @@ def _quant(x, lo, hi):
 def pack_kernel(K, V, HPM, KC, KS, KZ, VC, VS, VZ, NORM,
                 stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, T, inv_sqrt_d,
                 H: tl.constexpr, D: tl.constexpr, ROTATE: tl.constexpr, TOKEN_NORM: tl.constexpr,
-                EXACT: tl.constexpr, ROTATE_V: tl.constexpr):
+                EXACT: tl.constexpr, ROTATE_V: tl.constexpr, INTEGER: tl.constexpr):
     """Pack tokens [32 g, 32 g + 32) of sequence b for every head (layout: quant.packed)."""
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -85,7 +90,7 @@ def pack_kernel(K, V, HPM, KC, KS, KZ, VC, VS, VZ, NORM,
         bh = b * H + h
         kr = _rotate(K + b * stride_kb + h * stride_kh, tt * stride_kt, d, hpm, inv_sqrt_d, ROTATE, EXACT)
         ku = tl.math.div_rn(kr, n[:, None]) if TOKEN_NORM else kr
-        codes, s, z = _quant(ku, tl.min(ku, 0)[None, :], tl.max(ku, 0)[None, :])
+        codes, s, z = _quant(ku, tl.min(ku, 0)[None, :], tl.max(ku, 0)[None, :], INTEGER)
         words = tl.reduce(tl.reshape(codes, (2, 16, D)) << shifts, 1, _or)  # [2, D]
         tl.store(KC + (bh * (T // 16) + g * 2 + tl.arange(0, 2))[:, None] * D + d[None, :], words)
         tl.store(KS + (bh * (T // 32) + g) * D + d[None, :], s)
@@ -93,7 +98,7 @@ def pack_kernel(K, V, HPM, KC, KS, KZ, VC, VS, VZ, NORM,
 
         vr = tl.reshape(_rotate(V + b * stride_vb + h * stride_vh, tt * stride_vt, d, hpm, inv_sqrt_d, ROTATE_V,
                                 EXACT), (32, D // 32, 32))
-        codes, s, z = _quant(vr, tl.min(vr, 2)[:, :, None], tl.max(vr, 2)[:, :, None])
+        codes, s, z = _quant(vr, tl.min(vr, 2)[:, :, None], tl.max(vr, 2)[:, :, None], INTEGER)
         words = tl.reduce(tl.reshape(codes, (32, D // 16, 16)) << (tl.arange(0, 16) * 2)[None, None, :], 2, _or)
         tok = bh * T + tt
         tl.store(VC + tok[:, None] * (D // 16) + tl.arange(0, D // 16)[None, :], words)
@@ -102,12 +107,14 @@ def pack_kernel(K, V, HPM, KC, KS, KZ, VC, VS, VZ, NORM,
         tl.store(VZ + gv, tl.reshape(z, (32, D // 32)))
 
 
-def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: bool | None = None):
+def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: bool | None = None,
+            zero_point: str = "float"):
     """Quantize and pack a block of K, V [B, H, T, D] (T a multiple of 32, D 64 or 128) for OScaR.
 
     Returns (k_q QTensor axis -2 of K_unit, v_q QTensor axis -1 of V_rot, norms fp32 [B, T] or None),
     the same triple as quant.methods.oscar.pack_block. rotate_values (default: rotate) = False packs V as it
-    comes (the model's weights carry its rotation, quant/fold.py).
+    comes (the model's weights carry its rotation, quant/fold.py). zero_point: "float" or "integer"
+    (quant.primitives.asym_quantize).
     """
     import torch
 
@@ -117,7 +124,7 @@ def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: b
     _check_block(k, v)
     if k.is_cuda and k.device.index != torch.cuda.current_device():  # Triton launches on the current device
         with torch.cuda.device(k.device):  # a layer of a model spread over GPUs (device_map)
-            return pack_kv(k, v, rotate, token_norm, rotate_values)
+            return pack_kv(k, v, rotate, token_norm, rotate_values, zero_point)
     b, h, t, d = k.shape
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
@@ -133,7 +140,8 @@ def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: b
     pack_kernel[(t // 32, b)](k, v, hpm, kc, ks, kz, vc, vs, vz, norms, k.stride(0), k.stride(1), k.stride(2),
                               v.stride(0), v.stride(1), v.stride(2), t, 1.0 / math.sqrt(d), H=h, D=d,
                               ROTATE=rotate, TOKEN_NORM=token_norm, EXACT=exact,
-                              ROTATE_V=rotate if rotate_values is None else rotate_values, num_warps=4)
+                              ROTATE_V=rotate if rotate_values is None else rotate_values,
+                              INTEGER=zero_point == "integer", num_warps=4)
     return (QTensor(kc, ks, kz, 2, 32, -2), QTensor(vc, vs, vz, 2, 32, -1), norms if token_norm else None)
 
 

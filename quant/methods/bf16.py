@@ -8,7 +8,7 @@ A comparison of decode speed then sets graphs against graphs, not graphs against
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -80,6 +80,11 @@ class BF16Layer(QuantLayer):
         self._len = torch.full((b,), n, dtype=torch.int32, device=self.keys.device)
         self.keys, self.values = self._buf[0][:, :, :n], self._buf[1][:, :, :n]
 
+    @staticmethod
+    def stack_rows(rows: list["BF16Layer"], state) -> "BF16Rows":
+        """The rows of a padded batch in one layer for the fixed-shape decode steps (quant/rows.py)."""
+        return BF16Rows.from_rows(rows, state)
+
     def graph_ready(self) -> bool:
         """Whether the next decode step is the same device work as the last: the buffers are open and have room."""
         return self._buf is not None and self.seen + 1 <= self._buf[0].shape[-2]
@@ -116,3 +121,73 @@ class BF16Layer(QuantLayer):
 
     def _stored(self):
         return {"fp": [self.keys, self.values]}
+
+
+class BF16Rows(BF16Layer):
+    """The sequences of a padded batch (quant/rows.py) in one pair of buffers [B, H, capacity, D]: row b holds its own
+    tokens at the start of its row, `_len[b]` of them (the length mask of DenseStep). A step writes each row's token
+    at its own length: the same device work every step, so one CUDA graph serves them."""
+
+    @classmethod
+    def from_rows(cls, rows: list[BF16Layer], state) -> "BF16Rows":
+        first = rows[0]
+        self = cls(first.config, replace(first.ctx, state=state, row=None))
+        self.dtype, self.device, self.batch, self.is_initialized = first.dtype, first.device, len(rows), True
+        self._row_ctx = [row.ctx for row in rows]
+        self._lens = [row.seen for row in rows]
+        self.seen = max(self._lens)
+        b, h, _, d = first.keys.shape
+        cap = -(-(self.seen + GROW) // GROW) * GROW
+        self._buf = tuple(torch.zeros(len(rows), h, cap, d, dtype=x.dtype, device=x.device)
+                          for x in (first.keys, first.values))
+        for i, row in enumerate(rows):
+            self._buf[0][i, :, :row.seen] = row.keys[0]
+            self._buf[1][i, :, :row.seen] = row.values[0]
+        self._len = torch.tensor(self._lens, dtype=torch.int32, device=self.device)
+        return self
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        from quant.kernels.hf_decode import DenseStep
+
+        if key_states.shape[-2] != 1:
+            raise ValueError("a padded batch on the fixed-shape path takes one new token per sequence at a time; "
+                             f"got {key_states.shape[-2]}")
+        if max(self._lens) + 1 > self._buf[0].shape[-2]:  # grow (an eager step: graph_ready says so)
+            cap = self._buf[0].shape[-2] + GROW
+            grown = tuple(x.new_zeros(*x.shape[:2], cap, x.shape[-1]) for x in self._buf)
+            for new, old in zip(grown, self._buf):
+                new[:, :, :old.shape[-2]] = old
+            self._buf = grown
+        b, h, _, d = key_states.shape
+        at = self._len.long().view(b, 1, 1, 1).expand(b, h, 1, d)
+        dt = self._store_dtype()
+        self._buf[0].scatter_(2, at, key_states.to(dt))
+        self._buf[1].scatter_(2, at, value_states.to(dt))
+        self._len.add_(1)
+        self.advance_host()
+        return DenseStep(self._buf[0], self._buf[1], self._len), None
+
+    def graph_ready(self) -> bool:
+        return max(self._lens) + 1 <= self._buf[0].shape[-2]
+
+    def advance_host(self):
+        self._lens = [n + 1 for n in self._lens]
+        self.seen += 1
+
+    def host_state(self):
+        return list(self._lens), self.seen
+
+    def set_host_state(self, state):
+        lens, self.seen = state
+        self._lens = list(lens)
+
+    def row(self, b: int) -> BF16Layer:
+        """Sequence b as a batch-1 layer of views into the buffers (memory accounting)."""
+        row = BF16Layer(self.config, self._row_ctx[b])
+        row.dtype, row.device, row.batch, row.is_initialized = self.dtype, self.device, 1, True
+        row.seen = n = self._lens[b]
+        row.keys, row.values = self._buf[0][b:b + 1, :, :n], self._buf[1][b:b + 1, :, :n]
+        return row
+
+    def _dense(self):
+        raise NotImplementedError("a padded batch's stacked layer decodes on the fixed-shape path only (quant/rows.py)")

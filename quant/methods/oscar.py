@@ -41,7 +41,7 @@ class OScaRConfig(MethodConfig):
     # measured ~1% lower key error on mixed sequences for +1.5% scale storage (see harness tni / notes).
     align_modality_groups: bool = False
     # "integer" z = round(-min / s), as the official framework and CUDA pack round it; "float": the minimum itself
-    # (KIVI's convention, what the fused packers here write). Both store the offset zero = -s * z or min.
+    # (KIVI's convention). Both store the offset zero = -s * z or min; the fused packs here write either.
     zero_point: str = "float"
 
     def validate(self):
@@ -105,15 +105,14 @@ def pack_block(k: torch.Tensor, v: torch.Tensor, config: OScaRConfig, rot: torch
     rotate_values=False: V is quantized as it comes (the model's weights carry its rotation).
     backend: the fused packer's (None: the device's default); "torch" packs here.
     """
-    # the fused packers write the float zero point; an integer one packs here
-    if k.is_cuda and config.bits == 2 and config.group_size == 32 and starts is None and config.zero_point == "float":
+    if k.is_cuda and config.bits == 2 and config.group_size == 32 and starts is None:
         from quant.kernels import pack_kv
         from quant.kernels.options import default_backend
 
         backend = backend or default_backend(k.device)
         if backend != "torch":  # the fused CUDA/Triton packer writes the same layout
             return pack_kv(k, v, rotate=rot is not None, token_norm=config.token_norm, backend=backend,
-                           rotate_values=rot is not None and rotate_values)
+                           rotate_values=rot is not None and rotate_values, zero_point=config.zero_point)
     k_rot = k.float() @ rot if rot is not None else k.float()
     v_rot = v.float() @ rot if rot is not None and rotate_values else v.float()
     norms = token_norms(k_rot) if config.token_norm else None
@@ -184,6 +183,11 @@ class OScaRLayer(QuantLayer):
         self._kv_lens: torch.Tensor | None = None  # int32 [B] on the device: the packed tokens, for the kernels
         self._reserve = 0  # tokens to make room for at the next growth (fill_random knows the length ahead)
 
+    @staticmethod
+    def stack_rows(rows: list["OScaRLayer"], state) -> "OScaRRows":
+        """The rows of a padded batch in one layer for the kernel path's decode steps (quant/rows.py)."""
+        return OScaRRows.from_rows(rows, state)
+
     def lazy_initialization(self, key_states, value_states):
         super().lazy_initialization(key_states, value_states)
         # The values arrive rotated when make_cache folded H_d into the model's weights (quant/fold.py).
@@ -217,14 +221,18 @@ class OScaRLayer(QuantLayer):
 
     def _pack_store(self, k: torch.Tensor, v: torch.Tensor, backend: str | None) -> None:
         """Pack a block of whole groups (the run's pack) and store it in the decode backend's code order."""
+        self._store(*self._pack(k, v, backend))
+
+    def _pack(self, k: torch.Tensor, v: torch.Tensor, backend: str | None):
+        """(k_q, v_q, norms) of a block of whole groups, packed by the run's pack in the decode backend's code order."""
         k_q, v_q, norms = pack_block(k, v, self.config, self._rot, None, self._values_rotated, backend)
         order = DECODE_ORDER.get(backend) if self.ctx.state.fast_decode else None
         if (order is not None and k_q.order != order and k.shape[-2] % TL_BLOCK == 0
                 and self.ctx.head_dim in (64, 128)):
-            # the order the backend's decode reads (the fused packs write CUDA's; the reference pack, which the
-            # integer zero point takes, the natural one): converted once per flushed block, never at a step
+            # the order the backend's decode reads (the CUDA pack writes it; the Triton and reference packs the
+            # natural one): converted once per flushed block
             k_q, v_q = k_q.to_order(order), v_q.to_order(order)
-        self._store(k_q, v_q, norms)
+        return k_q, v_q, norms
 
     def _store(self, k_q: QTensor, v_q: QTensor, norms: torch.Tensor | None) -> None:
         """Write a packed block after the stored tokens, growing the buffers when it does not fit."""
@@ -413,3 +421,150 @@ class OScaRLayer(QuantLayer):
 
     def _stored(self):
         return {"codes": [self.k_q, self.v_q], "norms": [self.norms], "residual": [self.k_res, self.v_res]}
+
+
+class OScaRRows(OScaRLayer):
+    """The sequences of a padded batch (quant/rows.py) in one layer of batch B on the kernel path, so that a decode
+    step is one kernel launch per layer for the whole batch. Row b holds its own n_b packed tokens at the start of
+    the packed buffers and w_b tokens at the start of the window: the kernels' per-sequence kv_lens and res_lens.
+
+    Each row flushes when its own window fills, as it would alone, so each row stores what it would store alone. A
+    step writes each row's token at its window length. A step where some row's window fills (the host keeps the
+    lengths as lists and knows which) also packs every row's window and writes each packed block at its row's packed
+    length: a row whose window is full takes the block there (its packed length moves on by R, its window empties);
+    the others leave it past their packed length, where no kernel reads it, and their own flush overwrites it later.
+    Which rows flush is decided on the device, so two CUDA graphs serve every step (`graph_variant`: with or without
+    the pack), whichever rows flush."""
+
+    @classmethod
+    def from_rows(cls, rows: list[OScaRLayer], state) -> "OScaRRows":
+        """One layer holding `rows` (batch-1 layers of the same method after their prompts; `state`: the batch's cache
+        state). The rows' own buffers are left to the caller to free."""
+        first = rows[0]
+        self = cls(first.config, replace(first.ctx, state=state, row=None))
+        self.dtype, self.device, self.batch, self.is_initialized = first.dtype, first.device, len(rows), True
+        self._rot, self._values_rotated = first._rot, first._values_rotated
+        self._row_ctx = [row.ctx for row in rows]
+        self._n = [0 if row.k_q is None else row.k_q.num_tokens for row in rows]
+        self._w = [row.k_res.shape[-2] for row in rows]
+        self._seen = [row.seen for row in rows]
+        self.seen = max(self._seen)
+        self._flush_next = self._flushes()
+        r, h, d = self.config.residual_length, self.ctx.num_kv_heads, self.ctx.head_dim
+        self._win = tuple(torch.zeros(len(rows), h, r, d, dtype=x.dtype, device=self.device)
+                          for x in (first.k_res, first.v_res))
+        for b, row in enumerate(rows):
+            self._win[0][b, :, :self._w[b]] = row.k_res[0]
+            self._win[1][b, :, :self._w[b]] = row.v_res[0]
+        self._win_len = torch.tensor(self._w, dtype=torch.int32, device=self.device)
+        self._kv_lens = torch.tensor(self._n, dtype=torch.int32, device=self.device)
+        self._ranges: dict[int, torch.Tensor] = {}
+        k_like, v_like, n_like = self._pack(*self._win, self._backend())  # the packed layout of a block of B rows
+        self._kbuf, self._vbuf = _buffer(k_like, self._capacity()), _buffer(v_like, self._capacity())
+        self._nbuf = None if n_like is None else n_like.new_ones(len(rows), self._kbuf.num_tokens)
+        for b, row in enumerate(rows):
+            if self._n[b]:
+                _write(self._kbuf.map(lambda t: t[b:b + 1]), row.k_q.to_order(k_like.order), 0)
+                _write(self._vbuf.map(lambda t: t[b:b + 1]), row.v_q.to_order(v_like.order), 0)
+                if self._nbuf is not None:
+                    self._nbuf[b, :self._n[b]] = row.norms[0]
+        return self
+
+    def _capacity(self) -> int:
+        """Packed tokens the buffers hold: room for the longest row's next flush and HEADROOM more, whole blocks."""
+        return -(-(max(self._n) + self.config.residual_length + HEADROOM) // TL_BLOCK) * TL_BLOCK
+
+    def _flushes(self) -> bool:
+        """Whether the next step's token fills some row's window."""
+        return any(w + 1 == self.config.residual_length for w in self._w)
+
+    def _range(self, n: int) -> torch.Tensor:
+        if n not in self._ranges:
+            self._ranges[n] = torch.arange(n, device=self.device)
+        return self._ranges[n]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if key_states.shape[-2] != 1:
+            raise ValueError("a padded batch on the kernel path takes one new token per sequence at a time; "
+                             f"got {key_states.shape[-2]}")
+        return self._rows_step(key_states, value_states), None
+
+    def _rows_step(self, k, v):
+        from quant.kernels.hf_decode import PackedStep
+
+        r = self.config.residual_length
+        if max(self._n) + r > self._kbuf.num_tokens:  # an eager step (graph_ready says so)
+            self._kbuf, self._vbuf = _buffer(self._kbuf, self._capacity(), self._kbuf), \
+                _buffer(self._vbuf, self._capacity(), self._vbuf)
+            if self._nbuf is not None:
+                grown = self._nbuf.new_ones(self._nbuf.shape[0], self._kbuf.num_tokens)
+                grown[:, :self._nbuf.shape[1]] = self._nbuf
+                self._nbuf = grown
+        b, h, _, d = k.shape
+        at = self._win_len.long().view(b, 1, 1, 1).expand(b, h, 1, d)
+        self._win[0].scatter_(2, at, k.to(self._win[0].dtype))
+        self._win[1].scatter_(2, at, v.to(self._win[1].dtype))
+        self._win_len.add_(1)
+        backend = self._backend()
+        if self._flush_next:
+            k_q, v_q, norms = self._pack(*self._win, backend)
+            blocks = self._kv_lens.long() // r  # each row's packed blocks: its block goes right after them
+            for buf, block in ((self._kbuf, k_q), (self._vbuf, v_q)):
+                for name in ("codes", "scale", "zero"):
+                    x = getattr(block, name)
+                    n = x.shape[2]
+                    rows = (blocks[:, None] * n + self._range(n)).view(b, 1, n, *[1] * (x.dim() - 3))
+                    getattr(buf, name).scatter_(2, rows.expand(x.shape), x)
+            if norms is not None:
+                self._nbuf.scatter_(1, blocks[:, None] * r + self._range(r), norms)
+            full = self._win_len == r
+            self._kv_lens.add_(full.to(torch.int32) * r)
+            self._win_len.masked_fill_(full, 0)
+        self.advance_host()
+        kv = PackedKV(self._kbuf, self._vbuf, self._nbuf, self._win[0], self._win[1], self._rot, self._values_rotated)
+        kernels = self.ctx.state.kernels
+        return PackedStep(kv, self._kv_lens, self._win_len, kernels.backend if kernels else None,
+                          kernels.wide_decode if kernels else True)
+
+    def graph_ready(self) -> bool:
+        return max(self._n) + self.config.residual_length <= self._kbuf.num_tokens
+
+    def graph_variant(self) -> bool:
+        """Which of the two device works the next step is (quant.kernels.graph_decode keeps a graph of each): with the
+        flush's pack or without."""
+        return self._flush_next
+
+    def advance_host(self):
+        r = self.config.residual_length
+        for b in range(self.batch):
+            self._w[b] += 1
+            self._seen[b] += 1
+            if self._w[b] == r:
+                self._n[b], self._w[b] = self._n[b] + r, 0
+        self.seen += 1
+        self._flush_next = self._flushes()
+
+    def host_state(self):
+        return list(self._n), list(self._w), list(self._seen), self.seen
+
+    def set_host_state(self, state):
+        n, w, seen, self.seen = state
+        self._n, self._w, self._seen = list(n), list(w), list(seen)
+        self._flush_next = self._flushes()
+
+    def row(self, b: int) -> OScaRLayer:
+        """Sequence b as a batch-1 layer of views into the buffers: what it stores, as it would store it alone
+        (memory accounting, the reference attention)."""
+        row = OScaRLayer(self.config, self._row_ctx[b])
+        row.dtype, row.device, row.batch, row.is_initialized = self.dtype, self.device, 1, True
+        row.seen, row._rot, row._values_rotated = self._seen[b], self._rot, self._values_rotated
+        n, w = self._n[b], self._w[b]
+        if n:
+            row.k_q = _head(self._kbuf.map(lambda t: t[b:b + 1]), n)
+            row.v_q = _head(self._vbuf.map(lambda t: t[b:b + 1]), n)
+            row.norms = None if self._nbuf is None else self._nbuf[b:b + 1, :n]
+        row.k_res, row.v_res = self._win[0][b:b + 1, :, :w], self._win[1][b:b + 1, :, :w]
+        return row
+
+    def _dense(self):
+        raise NotImplementedError("a padded batch's stacked layer decodes on the kernels only (quant/rows.py)")

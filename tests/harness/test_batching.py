@@ -37,6 +37,23 @@ def test_batched_answers_equal_batch1_answers(family, method):
         assert got.kv_bytes["total"] == alone.kv_bytes["total"] and got.cost["batch"] == 3
 
 
+@pytest.mark.parametrize("family", ["llava", "qwen3_vl", "qwen3_omni"])
+def test_batched_answers_on_the_kernel_path(family):
+    """The same on the kernel path (Triton, interpreted on the CPU): the rows decode as one stacked layer with
+    per-sequence lengths (quant/rows.py), multimodal position ids included."""
+    from quant.kernels import KernelOptions
+
+    adapter = tiny.build(family)
+    adapter.kernels = KernelOptions(backend="triton")
+    prompts = prompts_for(adapter)
+    batched = adapter.generate_batch(prompts, "oscar", max_new_tokens=6)
+    assert all(got.cost["kernel_steps"] == got.cost["decode_steps"] > 0 for got in batched)
+    for prompt, got in zip(prompts, batched):
+        alone = adapter.generate(prompt, "oscar", max_new_tokens=6)
+        assert (got.text, got.new_tokens, got.kv_bytes["total"]) == (alone.text, alone.new_tokens,
+                                                                     alone.kv_bytes["total"])
+
+
 def test_collate_left_pads_positions_and_pads_media():
     a = {"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
          "input_features": torch.ones(1, 2, 4), "feature_attention_mask": torch.ones(1, 4, dtype=torch.long)}

@@ -355,15 +355,17 @@ def test_read_floor_reads_every_byte():
 
 
 @pytest.mark.cuda_kernels
-@pytest.mark.parametrize("rotate,token_norm,rotate_values", [(False, False, False), (False, True, False),
-                                                             (True, True, True), (True, True, False)])
-def test_cuda_pack_matches_reference(rotate, token_norm, rotate_values):
+@pytest.mark.parametrize("rotate,token_norm,rotate_values,zero_point", [
+    (False, False, False, "float"), (False, True, False, "float"), (True, True, True, "float"),
+    (True, True, False, "float"), (False, False, False, "integer"), (True, True, False, "integer")])
+def test_cuda_pack_matches_reference(rotate, token_norm, rotate_values, zero_point):
     g = torch.Generator().manual_seed(13)
     k = (torch.randn(2, 8, 256, 128, generator=g) * 3).to(torch.bfloat16).cuda()
     v = torch.randn(2, 8, 256, 128, generator=g).to(torch.bfloat16).cuda()
-    cfg = OScaRConfig(rotation="hadamard" if rotate else "none", token_norm=token_norm)
-    ref = pack_block(k, v, cfg, hadamard(128, device="cuda") if rotate else None, rotate_values=rotate_values)
-    got = kcuda.pack_kv(k, v, rotate, token_norm, rotate_values=rotate_values)
+    cfg = OScaRConfig(rotation="hadamard" if rotate else "none", token_norm=token_norm, zero_point=zero_point)
+    ref = pack_block(k, v, cfg, hadamard(128, device="cuda") if rotate else None, rotate_values=rotate_values,
+                     backend="torch")
+    got = kcuda.pack_kv(k, v, rotate, token_norm, rotate_values=rotate_values, zero_point=zero_point)
     if rotate and not rotate_values:  # values as they come: the frag words of the reference's, bit for bit
         f = ref[1].to_order("frag")
         assert torch.equal(f.codes, got[1].codes) and torch.equal(f.scale, got[1].scale)

@@ -157,6 +157,48 @@ def test_graph_steps_give_the_eager_tokens_and_logits_bit_for_bit():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("method", ["oscar", "bf16"])
+def test_padded_batch_replays_graphs_and_gives_each_prompt_its_batch1_tokens(method):
+    """A left-padded batch on the kernels: rows stacked into one layer (quant/rows.py), each flushing at its own
+    step on the device (the steps that flush some row replay a graph of their own). Graphs give the eager batch's
+    tokens and logits bit for bit, every step after the stacking one replays, and each row's tokens are its batch-1
+    tokens up to a near-tie (bf16 GEMMs of another batch size round differently): where they part, the batch-1
+    run's two best logits lie within 0.05."""
+    model = tiny_qwen3()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 128, (n,), generator=g) for n in (253, 124, 189, 40, 700)]
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):], mask[b, width - len(p):] = p, 1
+    ids, mask = ids.cuda(), mask.cuda()
+
+    def run(ids, mask, graphs):
+        cache = make_cache(method, model)
+        cache.set_padding(mask)
+        dec = GraphDecoder(model, cache) if graphs else contextlib.nullcontext()
+        with torch.inference_mode(), dec:
+            out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=150,
+                                 min_new_tokens=150, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True, pad_token_id=0)
+        return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, 1), dec.counts if graphs else None
+
+    eager_ids, eager_logits, _ = run(ids, mask, graphs=False)
+    got, logits, counts = run(ids, mask, graphs=True)
+    assert torch.equal(got, eager_ids) and torch.equal(logits, eager_logits)
+    # 149 steps after the prefill: the stacking one eager, then one graph without a flush and (OScaR) one with
+    graphs = 2 if method == "oscar" else 1
+    assert counts == {"eager": 1, "captured": graphs, "replayed": 148 - graphs}, counts
+    for b, p in enumerate(prompts):
+        alone, alone_logits, _ = run(p[None].cuda(), torch.ones(1, len(p), dtype=torch.long, device="cuda"), True)
+        parted = (got[b] != alone[0]).nonzero().flatten()
+        if len(parted):
+            best = alone_logits[0, parted[0]].float().topk(2).values
+            assert float(best[0] - best[1]) < 0.05, (method, b, int(parted[0]), best.tolist())
+
+
+@pytest.mark.gpu
 def test_a_capture_that_fails_falls_back_to_eager_steps_without_losing_tokens():
     model = tiny_qwen3()
     prompt = torch.randint(0, 128, (1, 140), generator=torch.Generator().manual_seed(2)).to("cuda")

@@ -149,13 +149,14 @@ def test_decode_rejects_bad_lengths():
 def test_pack_bit_exact_without_rotation():
     g = torch.Generator().manual_seed(11)
     k, v = torch.randn(2, 2, 64, 64, generator=g) * 3, torch.randn(2, 2, 64, 64, generator=g)
-    for token_norm in (False, True):
-        cfg = OScaRConfig(rotation="none", token_norm=token_norm)
+    for token_norm, zero_point in ((False, "float"), (True, "float"), (True, "integer")):
+        cfg = OScaRConfig(rotation="none", token_norm=token_norm, zero_point=zero_point)
         ref = pack_block(k, v, cfg, None)
-        got = triton_pack.pack_kv(k.to(DEV), v.to(DEV), rotate=False, token_norm=token_norm)
+        got = triton_pack.pack_kv(k.to(DEV), v.to(DEV), rotate=False, token_norm=token_norm, zero_point=zero_point)
         for r, x in zip(ref[:2], got[:2]):
             for name in ("codes", "scale", "zero"):
-                assert torch.equal(getattr(r, name), getattr(x, name).cpu()), f"{name} differs (norm={token_norm})"
+                assert torch.equal(getattr(r, name), getattr(x, name).cpu()), \
+                    f"{name} differs (norm={token_norm}, zero point {zero_point})"
         if token_norm:
             torch.testing.assert_close(got[2].cpu(), ref[2], rtol=1e-6, atol=0)
 
