@@ -24,12 +24,12 @@ first token; scale/zero then have n_groups rows on the token axis. Codes are lai
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
 
-from quant.primitives import MIN_SCALE, asym_dequantize, asym_quantize, integer_zero, pack_codes, unpack_codes
+from quant.primitives import (MIN_SCALE, asym_dequantize, asym_quantize, integer_zero, pack_codes, tensor_cache,
+                              unpack_codes)
 
 
 @dataclass
@@ -284,7 +284,7 @@ def frag_channel(kstep: int, k: int) -> int:
     return 8 * (4 * (kstep >> 1) + c) + 4 * (kstep & 1) + 2 * hi + h
 
 
-@functools.lru_cache(maxsize=8)
+@tensor_cache(maxsize=8)
 def frag_slots(axis: int, d: int) -> torch.Tensor:
     """int64 [32 * d]: for code slot 16 W + i of one 32-token block (word W of the block's 2 d words,
     2-bit field i), the natural index token * d + channel it holds.
@@ -358,7 +358,7 @@ def tl_row(r: torch.Tensor, mt: int) -> torch.Tensor:
     return 16 * mt * ((r // 16) % 4) + 16 * (r // 64) + r % 16
 
 
-@functools.lru_cache(maxsize=8)
+@tensor_cache(maxsize=8)
 def tl_maps(d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Index maps of the tl order (CPU int64), per 128-token block, with tau = tl_row(., 2) (score tile row -> token):
     - key words: a token's D/16 words, word c (D/64) + h (c < 4) holding at bits 2 jj + 16 half the channel

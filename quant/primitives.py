@@ -96,7 +96,21 @@ def unpack_codes(words: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     return c.reshape(*w.shape[:-1], -1).to(torch.uint8).movedim(-1, dim)
 
 
-@functools.lru_cache(maxsize=16)
+def tensor_cache(maxsize: int):
+    """functools.lru_cache for functions that return tensors (or tuples of them), made as normal tensors even when
+    first asked for under torch.inference_mode: a cached inference tensor would break any later computation that
+    autograd records."""
+    def wrap(fn):
+        @functools.lru_cache(maxsize=maxsize)
+        @functools.wraps(fn)
+        def cached(*args, **kwargs):
+            with torch.inference_mode(False):
+                return fn(*args, **kwargs)
+        return cached
+    return wrap
+
+
+@tensor_cache(maxsize=16)
 def _byte_table(bits: int, device) -> torch.Tensor:
     """[256, 8 // bits] uint8: the codes held by each byte value, lowest bits first."""
     per = 8 // bits
@@ -104,7 +118,7 @@ def _byte_table(bits: int, device) -> torch.Tensor:
     return ((b >> (torch.arange(per, dtype=torch.int32) * bits)) & (2**bits - 1)).to(torch.uint8).to(device)
 
 
-@functools.lru_cache(maxsize=16)
+@tensor_cache(maxsize=16)
 def _hadamard_cpu(d: int) -> torch.Tensor:
     if d < 1 or d & (d - 1):
         raise ValueError(f"Hadamard size must be a power of two, got {d}")
@@ -115,7 +129,15 @@ def _hadamard_cpu(d: int) -> torch.Tensor:
 
 
 def hadamard(d: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """Normalized Sylvester Walsh-Hadamard matrix H_d / sqrt(d) in natural order (symmetric, H @ H = I)."""
+    """Normalized Sylvester Walsh-Hadamard matrix H_d / sqrt(d) in natural order (symmetric, H @ H = I).
+
+    One tensor per (d, device, dtype), shared: read it, never write it. (A fresh copy to a GPU per call was a
+    synchronous host-to-device copy: each layer of each row of a padded prefill waited for the GPU.)"""
+    return _hadamard_on(d, torch.device("cpu" if device is None else device), dtype)
+
+
+@tensor_cache(maxsize=64)
+def _hadamard_on(d: int, device: torch.device, dtype) -> torch.Tensor:
     return _hadamard_cpu(d).to(device=device, dtype=dtype)
 
 
