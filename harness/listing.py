@@ -31,8 +31,9 @@ def main(args: argparse.Namespace) -> int:
 def list_models(args) -> list[str]:
     from harness import models as M
 
-    rows = [(s.name, s.family, s.default_task, s.hub_id) for s in (M.get_spec(n) for n in M.list_models())]
-    return _columns(rows, ("name", "family", "default task", "hub id"))
+    rows = [(s.name, s.family, s.default_task, str(s.gpu_batch_size), s.hub_id)
+            for s in (M.get_spec(n) for n in M.list_models())]
+    return _columns(rows, ("name", "family", "default task", "GPU batch", "hub id"))
 
 
 def list_methods(args) -> list[str]:

@@ -48,8 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="kernel options, e.g. 'cuda_graphs=off,wide_decode=off' (quant.kernels.KernelOptions; the "
                         "environment's OSCAR_* overrides apply first)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=1,
-                   help="prompts per generate, left-padded; each gets its batch-1 tokens (quant/rows.py)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="prompts per generate, left-padded; each gets its batch-1 tokens (quant/rows.py). Default: the "
+                        "model's measured GPU batch size on a GPU (`oscar-eval list`), 1 elsewhere")
     p.add_argument("--out", default=DEFAULT_OUT, help="result path template with {task} {model} {method}")
     p.add_argument("--restart", action="store_true", help="discard an unfinished run's progress file")
     p.add_argument("--force", action="store_true", help="rerun even when an up-to-date result exists")
@@ -126,18 +127,19 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
              device_map: str | None = None, backend: str | None = None, quant_opts: str | None = None, seed: int = 0,
              out: str = DEFAULT_OUT, restart: bool = False, force: bool = False,
              n_resamples: int = stats.DEFAULT_RESAMPLES, adapter: Any = None, kernels: Any = None,
-             batch_size: int = 1) -> list[dict[str, Any]]:
+             batch_size: int | None = None) -> list[dict[str, Any]]:
     """Run `task` on `model` for each method of `quant`; return the written results (one per method).
 
     `adapter` lets a caller that already holds a loaded adapter (tests, notebooks) skip loading; `kernels`
     (quant.kernels.KernelOptions, default: the defaults with `backend`) goes to the model and every cache;
-    `batch_size` prompts share one generate (their tokens are each prompt's batch-1 tokens).
+    `batch_size` prompts share one generate (their tokens are each prompt's batch-1 tokens; None: the model's
+    ModelSpec.gpu_batch_size on a GPU, 1 elsewhere).
     Under torchrun each rank runs a shard of the items on its own device and rank 0 writes the results
     (harness/distributed.py); every rank returns them.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be a positive number of items, got {limit}")
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise ValueError(f"--batch-size must be a positive number of prompts, got {batch_size}")
     spec, methods, task_obj = resolve(model, quant, task, backend, quant_opts)
     ranks, device = D.start(device, device_map)
@@ -159,7 +161,10 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     model_info = R.model_info(adapter)
     task_obj = scoring_for(task_obj, model_info)
     # record what will actually run: kernels on a GPU, the torch reference elsewhere
-    backend = kernels.backend_for(next(adapter.model.parameters()).device)
+    model_device = next(adapter.model.parameters()).device
+    backend = kernels.backend_for(model_device)
+    if batch_size is None:
+        batch_size = spec.gpu_batch_size if model_device.type == "cuda" else 1
     fingerprint = task_obj.data_fingerprint(items)
     D.check_same(ranks, (fingerprint, model_info["weight_hash"]), "the items' fingerprint and the weight hash")
     written = []

@@ -10,23 +10,31 @@ import importlib
 from harness.models.base import ModelSpec
 
 
-def _spec(name, hub_id, family, adapter, task):
-    return name, ModelSpec(name, hub_id, family, adapter, task)
+def _spec(name, hub_id, family, adapter, task, gpu_batch_size=1):
+    return name, ModelSpec(name, hub_id, family, adapter, task, gpu_batch_size)
+
+
+# Prompts per generate on a GPU (ModelSpec.gpu_batch_size), by model size. 7-8B models: 16, measured on an H100 with
+# Qwen3-VL-8B (OCRBench generated sets, steady items/s at batch 16: 8-12x batch 1, docs/GPUS.md), where a batch of 16
+# page-sized prompts (up to 3.8K tokens) keeps BF16's cache near 10 GiB beside 17 GiB of weights. The 30B Omni model's
+# weights take 63 GiB of an 80 GiB card and its audio prompts reach 12K tokens (1.1 GiB of BF16 cache each): 4.
+SMALL, LARGE = 16, 4
 
 
 MODELS: dict[str, ModelSpec] = dict(
     [
         _spec("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "text", "harness.models.text:TextAdapter", "ppl"),
-        _spec("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "text", "harness.models.text:TextAdapter", "ppl"),
-        _spec("qwen3-8b", "Qwen/Qwen3-8B", "text", "harness.models.text:TextAdapter", "ppl"),
+        _spec("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "text", "harness.models.text:TextAdapter", "ppl",
+              SMALL),
+        _spec("qwen3-8b", "Qwen/Qwen3-8B", "text", "harness.models.text:TextAdapter", "ppl", SMALL),
         _spec("llava-v1.6-7b", "llava-hf/llava-v1.6-vicuna-7b-hf", "llava", "harness.models.llava:LlavaAdapter",
-              "ocrbench"),
+              "ocrbench", SMALL),
         _spec("llava-v1.6-mistral-7b", "llava-hf/llava-v1.6-mistral-7b-hf", "llava",
-              "harness.models.llava:LlavaAdapter", "ocrbench"),
+              "harness.models.llava:LlavaAdapter", "ocrbench", SMALL),
         _spec("qwen3-vl-4b", "Qwen/Qwen3-VL-4B-Instruct", "qwen3_vl", "harness.models.qwen3_vl:Qwen3VLAdapter",
-              "ocrbench"),
+              "ocrbench", SMALL),
         _spec("qwen3-vl-8b", "Qwen/Qwen3-VL-8B-Instruct", "qwen3_vl", "harness.models.qwen3_vl:Qwen3VLAdapter",
-              "ocrbench"),
+              "ocrbench", SMALL),
         # Tiny random-weight replicas of the real classes (tests and pipeline demos; not model quality).
         _spec("tiny-llava", "random:tiny-llava-next", "llava", "harness.models.tiny:TinyLlavaAdapter", "ocrbench"),
         _spec("tiny-qwen3-vl", "random:tiny-qwen3-vl", "qwen3_vl", "harness.models.tiny:TinyQwen3VLAdapter",
@@ -34,7 +42,7 @@ MODELS: dict[str, ModelSpec] = dict(
         _spec("tiny-qwen3-omni", "random:tiny-qwen3-omni", "qwen3_omni", "harness.models.tiny:TinyQwen3OmniAdapter",
               "mmau-pro"),
         _spec("qwen3-omni-30b-a3b", "Qwen/Qwen3-Omni-30B-A3B-Instruct", "qwen3_omni",
-              "harness.models.qwen3_omni:Qwen3OmniAdapter", "mmau-pro"),
+              "harness.models.qwen3_omni:Qwen3OmniAdapter", "mmau-pro", LARGE),
     ]
 )
 

@@ -31,13 +31,15 @@ class Prompt:
 @dataclass(frozen=True)
 class ModelSpec:
     """A registered model: its short name, hub id, family (text | llava | qwen3_vl | qwen3_omni), adapter
-    ("module:Class") and default task (harness/models/__init__.py holds the registry)."""
+    ("module:Class"), default task and the prompts per generate an eval uses on a GPU unless told (`--batch-size`;
+    1 elsewhere) (harness/models/__init__.py holds the registry)."""
 
     name: str
     hub_id: str
     family: str
     adapter: str
     default_task: str
+    gpu_batch_size: int = 1
 
 
 @dataclass

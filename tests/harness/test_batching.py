@@ -82,10 +82,11 @@ def test_eval_loop_batches_and_records_the_same_predictions(tmp_path):
 
     adapter = tiny.build("llava")
     runs = {}
-    for size in (1, 4):
-        out = str(tmp_path / f"b{size}" / "{task}" / "{model}" / "{method}.json")
+    for size in (None, 4):  # None: the model's GPU batch size on a GPU, 1 on the CPU
+        out = str(tmp_path / f"b{size or 'default'}" / "{task}" / "{model}" / "{method}.json")
         runs[size] = evaluate("tiny-llava", "oscar", task="ocrbench", data="generated", limit=6, out=out,
                               adapter=adapter, batch_size=size, n_resamples=50)[0]
-    one, four = ([(s["id"], s["prediction"], s["scores"]) for s in r["samples"]] for r in (runs[1], runs[4]))
-    assert one == four and runs[4]["metrics"] == runs[1]["metrics"]
+    one, four = ([(s["id"], s["prediction"], s["scores"]) for s in r["samples"]] for r in (runs[None], runs[4]))
+    assert one == four and runs[4]["metrics"] == runs[None]["metrics"]
+    assert runs[None]["system"]["batch_size"] == 1
     assert runs[4]["system"]["batch_size"] == 4 and runs[4]["samples"][0]["cost"]["batch"] == 4
