@@ -14,7 +14,7 @@ import numpy as np
 from quant.cache import MODALITIES
 
 # Modality codes stored per KV position by the cache (quant.cache.QuantizedKVCache.set_modalities).
-__all__ = ["MODALITIES", "Prompt", "Generation", "ModelLoadError", "graph_steps"]
+__all__ = ["MODALITIES", "Prompt", "Generation", "ModelLoadError", "graph_steps", "token_digest"]
 TEXT, IMAGE, VIDEO, AUDIO = range(4)
 
 
@@ -54,6 +54,17 @@ class Generation:
     wall_s: float = 0.0
     graph_steps: int = 0  # decode steps run as CUDA graphs (quant.kernels.graph_decode; 0: all eager)
     cost: dict[str, Any] = field(default_factory=dict)  # harness.models.cost.generation_cost of this call
+    tokens_sha1: str = ""  # token_digest of the generated ids: equal answers compare equal even where text cannot
+
+
+def token_digest(ids) -> str:
+    """The first 16 hex digits of the SHA-1 of the generated token ids (any int sequence or 1D tensor): two runs'
+    answers are the same tokens when their digests are equal, also where the text is empty (random weights decode
+    to nothing printable) or a tokenizer folds different ids into one string."""
+    import hashlib
+
+    values = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    return hashlib.sha1(",".join(str(int(t)) for t in values).encode()).hexdigest()[:16]
 
 
 def graph_steps(cache) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.models.base import MODALITIES, TEXT, Generation, ModelLoadError, Prompt, graph_steps
+from harness.models.base import MODALITIES, TEXT, Generation, ModelLoadError, Prompt, graph_steps, token_digest
 from quant.kernels.options import KernelOptions
 
 AUDIO_SAMPLE_RATE = 16_000
@@ -304,6 +304,7 @@ class MultimodalAdapter:
                 wall_s=wall,
                 graph_steps=graph_steps(cache),
                 cost=cost,
+                tokens_sha1=token_digest(tokens),
             ))
         return out
 
@@ -336,4 +337,5 @@ class MultimodalAdapter:
             wall_s=time.perf_counter() - start,
             graph_steps=graph_steps(cache),
             cost=cost,
+            tokens_sha1=token_digest(new[0]),
         )

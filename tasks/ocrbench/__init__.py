@@ -29,6 +29,7 @@ def _generation_record(generation) -> dict[str, Any]:
         "kv_bytes": dict(generation.kv_bytes),
         "input_tokens": generation.input_tokens,
         "new_tokens": generation.new_tokens,
+        "tokens_sha1": generation.tokens_sha1,
         "wall_s": generation.wall_s,
         "graph_steps": generation.graph_steps,
     }

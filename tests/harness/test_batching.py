@@ -33,6 +33,7 @@ def test_batched_answers_equal_batch1_answers(family, method):
     for prompt, got in zip(prompts, batched):
         alone = adapter.generate(prompt, method, max_new_tokens=6)
         assert (got.text, got.new_tokens, got.input_tokens) == (alone.text, alone.new_tokens, alone.input_tokens)
+        assert got.tokens_sha1 == alone.tokens_sha1 and len(got.tokens_sha1) == 16
         assert got.modality_tokens == alone.modality_tokens
         assert got.kv_bytes["total"] == alone.kv_bytes["total"] and got.cost["batch"] == 3
 
@@ -86,7 +87,8 @@ def test_eval_loop_batches_and_records_the_same_predictions(tmp_path):
         out = str(tmp_path / f"b{size or 'default'}" / "{task}" / "{model}" / "{method}.json")
         runs[size] = evaluate("tiny-llava", "oscar", task="ocrbench", data="generated", limit=6, out=out,
                               adapter=adapter, batch_size=size, n_resamples=50)[0]
-    one, four = ([(s["id"], s["prediction"], s["scores"]) for s in r["samples"]] for r in (runs[None], runs[4]))
+    one, four = ([(s["id"], s["prediction"], s["scores"], s["tokens_sha1"]) for s in r["samples"]]
+                 for r in (runs[None], runs[4]))
     assert one == four and runs[4]["metrics"] == runs[None]["metrics"]
     assert runs[None]["system"]["batch_size"] == 1
     assert runs[4]["system"]["batch_size"] == 4 and runs[4]["samples"][0]["cost"]["batch"] == 4
