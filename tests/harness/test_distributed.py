@@ -214,8 +214,9 @@ def _greedy(model, method: str, kernels, prompt, new: int):
     tokenizer = byte_tokenizer("<|im_end|>", "<|endoftext|>", {})  # RotateKV calibrates on text
     cache = quant.make_cache(method, model, tokenizer=tokenizer, kernels=kernels)
     with torch.inference_mode(), decode_graphs(model, cache):
-        out = model.generate(prompt, past_key_values=cache, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-    return out[:, prompt.shape[1]:], cache
+        out = model.generate(prompt, past_key_values=cache, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+    return out.sequences[:, prompt.shape[1]:], cache, torch.stack(out.logits, 1)
 
 
 @pytest.mark.gpu
@@ -224,8 +225,10 @@ def _greedy(model, method: str, kernels, prompt, new: int):
 def test_a_model_over_two_gpus_keeps_each_layers_cache_there_and_decodes_as_on_one(method, backend):
     """device_map over two GPUs: every cache layer stores its tensors on its layer's GPU, the kernels launch there
     (prefill packs, decode steps, a flush inside the decode), no CUDA graph spans the two devices, and the greedy
-    tokens are those of the same weights on one GPU."""
+    tokens are those of the same weights on one GPU, up to a near-tie (tests/kernels/test_graph_decode.py)."""
     import torch
+
+    from tests.kernels.test_graph_decode import assert_same_or_near_tie
 
     from quant.kernels import KernelOptions, patch_model
     from quant.kernels.graph_decode import graphs_enabled
@@ -238,12 +241,12 @@ def test_a_model_over_two_gpus_keeps_each_layers_cache_there_and_decodes_as_on_o
         patch_model(model, kernels)
     prompt = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(1)).to("cuda:0")
     new = 100  # 300 prompt tokens leave 44 in OScaR's 128-token window: the decode flushes it once
-    tokens, cache = _greedy(split, method, kernels, prompt, new)
+    tokens, cache, _ = _greedy(split, method, kernels, prompt, new)
     assert not graphs_enabled(split, cache)
     for i, layer in enumerate(cache.layers):
         assert _state_devices(layer) == {torch.device(f"cuda:{device_map[f'model.layers.{i}']}")}, i
-    reference, _ = _greedy(single, method, kernels, prompt, new)
-    assert torch.equal(tokens.cpu(), reference.cpu())
+    reference, _, logits = _greedy(single, method, kernels, prompt, new)
+    assert_same_or_near_tie(tokens[0], reference[0], logits[0])
 
 
 if __name__ == "__main__":  # one rank of the torchrun test above
