@@ -73,7 +73,7 @@ class GraphDecoder:
 
     def _drop(self):
         self.graphs: dict[tuple, tuple] = {}  # key -> (graph, its inputs, its output): one per variant of a step
-        self.graph, self.inputs, self.out = None, None, None
+        self.out = None  # the output of the graph run last (see _output)
 
     def __enter__(self):
         self._on_device.__enter__()
@@ -108,10 +108,10 @@ class GraphDecoder:
         key = (signature(call), self._buffers, tuple(getattr(layer, "graph_variant", _none)() for layer in self.layers))
         if key not in self.graphs:
             return self._capture(call, key)
-        self.graph, self.inputs, self.out = self.graphs[key]
-        for name, buf in self.inputs.items():
+        graph, inputs, self.out = self.graphs[key]
+        for name, buf in inputs.items():
             buf.copy_(call[name])
-        self.graph.replay()
+        graph.replay()
         for layer in self.layers:
             layer.advance_host()
         self.counts["replayed"] += 1
@@ -156,8 +156,8 @@ class GraphDecoder:
                           stacklevel=3)
             self.counts["eager"] += 1
             return self._forward(**kwargs)
-        self.graph, self.inputs, self.out = graph, inputs, out
         self.graphs[key] = graph, inputs, out
+        self.out = out
         graph.replay()  # capturing recorded the step; this runs it
         self.counts["captured"] += 1
         return self._output()

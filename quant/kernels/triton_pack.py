@@ -19,6 +19,8 @@ import os
 import triton
 import triton.language as tl
 
+from quant.primitives import hadamard, tensor_cache
+
 
 @triton.jit
 def _or(a, b):
@@ -119,7 +121,6 @@ def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: b
     import torch
 
     from quant.packed import QTensor
-    from quant.primitives import hadamard
 
     _check_block(k, v)
     if k.is_cuda and k.device.index != torch.cuda.current_device():  # Triton launches on the current device
@@ -130,7 +131,7 @@ def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: b
         k, v = k.contiguous(), v.contiguous()
     dev = k.device
     exact = k.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1" or dev.type != "cuda"
-    hpm = (hadamard(d, device=dev) * math.sqrt(d)).round().to(torch.float32 if exact else k.dtype)
+    hpm = _hadamard_pm1(d, dev, torch.float32 if exact else k.dtype)
     i32, f16 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.float16, device=dev)
     kc = torch.empty(b, h, t // 16, d, **i32)
     ks, kz = torch.empty(b, h, t // 32, d, **f16), torch.empty(b, h, t // 32, d, **f16)
@@ -143,6 +144,12 @@ def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: b
                               ROTATE_V=rotate if rotate_values is None else rotate_values,
                               INTEGER=zero_point == "integer", num_warps=4)
     return (QTensor(kc, ks, kz, 2, 32, -2), QTensor(vc, vs, vz, 2, 32, -1), norms if token_norm else None)
+
+
+@tensor_cache(maxsize=16)
+def _hadamard_pm1(d: int, device, dtype):
+    """The +-1 Sylvester matrix H_d * sqrt(d), exact, once per (d, device, dtype): a pack of every flush reads it."""
+    return (hadamard(d, device=device) * math.sqrt(d)).round().to(dtype)
 
 
 def _check_block(k, v) -> None:

@@ -136,7 +136,7 @@ class BF16Rows(BF16Layer):
         self._row_ctx = [row.ctx for row in rows]
         self._lens = [row.seen for row in rows]
         self.seen = max(self._lens)
-        b, h, _, d = first.keys.shape
+        _, h, _, d = first.keys.shape
         cap = -(-(self.seen + GROW) // GROW) * GROW
         self._buf = tuple(torch.zeros(len(rows), h, cap, d, dtype=x.dtype, device=x.device)
                           for x in (first.keys, first.values))
@@ -152,7 +152,7 @@ class BF16Rows(BF16Layer):
         if key_states.shape[-2] != 1:
             raise ValueError("a padded batch on the fixed-shape path takes one new token per sequence at a time; "
                              f"got {key_states.shape[-2]}")
-        if max(self._lens) + 1 > self._buf[0].shape[-2]:  # grow (an eager step: graph_ready says so)
+        if not self.graph_ready():  # grow: an eager step
             cap = self._buf[0].shape[-2] + GROW
             grown = tuple(x.new_zeros(*x.shape[:2], cap, x.shape[-1]) for x in self._buf)
             for new, old in zip(grown, self._buf):

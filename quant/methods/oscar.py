@@ -493,9 +493,9 @@ class OScaRRows(OScaRLayer):
         from quant.kernels.hf_decode import PackedStep
 
         r = self.config.residual_length
-        if max(self._n) + r > self._kbuf.num_tokens:  # an eager step (graph_ready says so)
-            self._kbuf, self._vbuf = _buffer(self._kbuf, self._capacity(), self._kbuf), \
-                _buffer(self._vbuf, self._capacity(), self._vbuf)
+        if not self.graph_ready():  # grow: an eager step
+            cap = self._capacity()
+            self._kbuf, self._vbuf = _buffer(self._kbuf, cap, self._kbuf), _buffer(self._vbuf, cap, self._vbuf)
             if self._nbuf is not None:
                 grown = self._nbuf.new_ones(self._nbuf.shape[0], self._kbuf.num_tokens)
                 grown[:, :self._nbuf.shape[1]] = self._nbuf
