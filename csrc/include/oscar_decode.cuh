@@ -11,14 +11,15 @@
 // Codes enter as fp16 (B + code), B = 64, 16 or 4 by pair slot (dequant_slot), so the scales multiply the B
 // operands (Q by the key scale, P by the value scale). Keys: the zeros become biases, per group and k-step
 // sum_d q_d z_d - B sum_d q_d s_d (two MMAs with a constant A, from the same fp16 products q_d s_d as the scores,
-// so the B terms cancel; every group starts its scores from zero). Values: the codes are centred first,
-// (B + q) - (B + 1.5) = q - 1.5 exactly in fp16 (one HADD2 a register), and the zeros become the midranges
-// m = z + 1.5 s, whose sum Z = sum_t m_t p_t per channel group is one MMA (A rows: the midranges), added as
-// O = O^T + Z at the end. Centred, every accumulator along a split stays of the output's size: with B in the codes
-// O^T and B Y grew to ~20x the values' scale times the softmax sum while O averages down, so their difference lost
-// the low bits the tensor cores' fp32 sums drop (and B Y, from the unrounded s p, missed the fp16 rounding of the
-// s p the codes met): an error that grew with the tokens a CTA reads (2% at 16 x 32K against 0.17% for a float32
-// reference).
+// so the B terms cancel; every group starts its scores from zero). Values: the codes enter with no offset, as fp16
+// subnormals q 2^(p - 24) (value_pair, one LOP3 a register), and mirrored on odd tokens: the odd token's code is
+// complemented (3 - q, in the same LOP3) and its P negated, so its term is (q - 3) s p, and its zero enters as
+// z + 3 s. The running sum O^T then takes q s p and (q - 3) s p in turn and carries no offset along a split; the
+// zeros' sum Z = sum_t z'_t p_t per channel group is one MMA (A rows: z, or z + 3 s on odd tokens), added as
+// O = 2^(24 - p) O^T + Z at the end of the quantized part (fold_values). An offset carried along a split (as the
+// codes' B = 4 or 16 of the fp16 trick, or even their mean 1.5) grows the sum past the output's size while O averages
+// down, and the tensor cores' fp32 sums drop low bits at every step: an error that grew with the tokens a CTA reads
+// (2% at 16 x 32K with B, 0.72% for one 32K split with plain subnormals, against 0.17% for a float32 reference).
 // Each warp streams its own groups through a kStages-deep cp.async pipeline (no block barriers).
 #pragma once
 #include "oscar_common.cuh"
@@ -84,7 +85,7 @@ struct Stage {
 template <int D, int NT>
 struct WarpState {
   float acc[D / 16][NT][4];  // O^T: channel tile mv (rows 16 mv + g, + 8), head tile nt (cols 2c, 2c + 1)
-  float zacc[NT][4];         // rows < D/32: Z of channel group g (sum of midrange x p); other rows zero
+  float zacc[NT][4];         // rows < D/32: Z of channel group g (sum of z' x p); other rows zero
   float m[NT][2], l[NT][2];  // per column (head 8 nt + 2c + e); l is lane-partial until the end
 };
 
@@ -243,15 +244,15 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
     vw[4 * j] = x.x, vw[4 * j + 1] = x.y, vw[4 * j + 2] = x.z, vw[4 * j + 3] = x.w;
   }
   // Lane c's tokens are 8c .. 8c + 7 (register x: tokens 8c + 2x, + 1 = B fragment e of step kt, x = 2 kt + e).
-  {  // Z: A rows g < NDG are the midranges z + 1.5 s of channel group g (fp16, one rounding: HFMA2).
+  {  // Z: A rows g < NDG are the zeros of channel group g, z + 3 s on odd tokens (high halves; one HFMA2 a pair)
     uint32_t zr[4] = {0u, 0u, 0u, 0u};
     if (g < NDG) {
       const uint4 s4 = *reinterpret_cast<const uint4*>(st + L::kVS + 16 * (4 * g + c));
       const uint4 z4 = *reinterpret_cast<const uint4*>(st + L::kVZ + 16 * (4 * g + c));
       const uint32_t sv[4] = {s4.x, s4.y, s4.z, s4.w}, zv[4] = {z4.x, z4.y, z4.z, z4.w};
-      const __half2 center = __float2half2_rn(1.5f);
+      const __half2 mirror = __halves2half2(__float2half(0.f), __float2half(3.f));
 #pragma unroll
-      for (int i = 0; i < 4; ++i) zr[i] = as_u32(__hfma2(as_half2(sv[i]), center, as_half2(zv[i])));
+      for (int i = 0; i < 4; ++i) zr[i] = as_u32(__hfma2(as_half2(sv[i]), mirror, as_half2(zv[i])));
     }
 #pragma unroll
     for (int kt = 0; kt < 2; ++kt) {
@@ -260,6 +261,13 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
       for (int nt = 0; nt < NT; ++nt) mma16816(w.zacc[nt], a, pb[kt][nt][0], pb[kt][nt][1]);
     }
   }
+  uint32_t pm[2][NT][2];  // P for the codes: odd tokens (high halves) negated, as their codes are mirrored
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) pm[kt][nt][e] = pb[kt][nt][e] ^ 0x80000000u;
 #pragma unroll
   for (int dg = 0; dg < NDG; ++dg) {
     const uint4 s4 = *reinterpret_cast<const uint4*>(st + L::kVS + 16 * (4 * dg + c));
@@ -270,18 +278,17 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) bm[kt][nt][e] = as_u32(hmul2u(pb[kt][nt][e], sv[2 * kt + e]));
+        for (int e = 0; e < 2; ++e) bm[kt][nt][e] = as_u32(hmul2u(pm[kt][nt][e], sv[2 * kt + e]));
 #pragma unroll
     for (int mh = 0; mh < 2; ++mh) {
       const int mv = 2 * dg + mh;
-      const __half2 neg_center = as_half2(neg_center_pair<D>(mv));  // slots mv (and mv + 4 at D = 64): one B
 #pragma unroll
       for (int kt = 0; kt < 2; ++kt) {
         uint32_t a[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int f = (4 * kt + r) * KS + mv;
-          a[r] = as_u32(__hadd2(as_half2(dequant_pair<D>(vw[f >> 3], f & 7)), neg_center));  // q - 1.5, exact
+          a[r] = value_pair<D>(vw[f >> 3], f & 7);  // (q, 3 - q) x 2^(pos - 24)
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) mma16816(w.acc[mv][nt], a, bm[kt][nt][0], bm[kt][nt][1]);
@@ -290,10 +297,11 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
   }
 }
 
-// O = O^T + Z (the centred codes' sum plus the midranges'; Z of channel group dg sits in row dg of zacc, lane
-// 4 dg + c), then l summed over the lanes of each column.
+// O = 2^(24 - p) O^T + Z (the codes' sum in units of their subnormal, p = SlotMap<D>::pos of the tile's slot, plus
+// the zeros'; Z of channel group dg sits in row dg of zacc, lane 4 dg + c), at the end of the quantized part: the
+// window, when it follows in the same state, adds to O itself.
 template <int D, int NT>
-__device__ __forceinline__ void finish_state(WarpState<D, NT>& w) {
+__device__ __forceinline__ void fold_values(WarpState<D, NT>& w) {
   constexpr int NDG = D / 32;
   const int c = threadIdx.x & 3;
 #pragma unroll
@@ -304,10 +312,22 @@ __device__ __forceinline__ void finish_state(WarpState<D, NT>& w) {
 #pragma unroll
       for (int hc = 0; hc < 2; ++hc) z[hc] = __shfl_sync(0xffffffffu, w.zacc[nt][hc], 4 * dg + c);
 #pragma unroll
-      for (int mh = 0; mh < 2; ++mh)
+      for (int mh = 0; mh < 2; ++mh) {
+        const float unit = static_cast<float>(1 << (24 - SlotMap<D>::pos(2 * dg + mh)));  // 2^(24 - pos)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) w.acc[2 * dg + mh][nt][e] += z[e & 1];
+        for (int e = 0; e < 4; ++e) w.acc[2 * dg + mh][nt][e] = w.acc[2 * dg + mh][nt][e] * unit + z[e & 1];
+      }
     }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w.zacc[nt][e] = 0.f;
+  }
+}
+
+// l summed over the lanes of each column.
+template <int D, int NT>
+__device__ __forceinline__ void finish_state(WarpState<D, NT>& w) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int hc = 0; hc < 2; ++hc) {
       float l = w.l[nt][hc];

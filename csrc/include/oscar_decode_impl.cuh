@@ -159,6 +159,7 @@ __device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int spl
     group_step<D, NT>(stages[k % kStages], qf, w, kv_len - kGroup * gi, p.scale_log2);
     __syncwarp();  // the stage is refilled next iteration
   }
+  fold_values<D, NT>(w);
 }
 
 // Byte offset of 16-byte chunk `ch` of row `t` in a tile of 32 rows x D 2-byte elements: chunks XOR-swizzled by

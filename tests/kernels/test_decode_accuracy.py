@@ -58,8 +58,8 @@ def check_rule(out: torch.Tensor, q: torch.Tensor, kv: PackedKV, scaling: float,
 @pytest.mark.parametrize("build", ["narrow", "wide"])
 def test_cuda_decode_one_long_split_per_row(tokens, group, lq, d, build):
     # The issue's shape (random bf16 q/K/V, the CUDA pack, a 64-token window) with every row forced into one split:
-    # each warp's accumulators take 8K tokens (narrow) or 4K (wide). Before the values' codes were centred the error
-    # here grew with the split (2% at 16 x 32K where the float32 reference is 0.17%).
+    # each warp's accumulators take 8K tokens (narrow) or 4K (wide). With an offset in the value codes the error here
+    # grew with the split (0.72% in one 32K split for codes 0..3, where the float32 reference is 0.17%).
     from quant.kernels import cuda as kcuda
 
     kv, g = issue_cache(2, 2, tokens, d, seed=tokens + group + d)
