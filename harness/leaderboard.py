@@ -198,7 +198,10 @@ def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench:
 def fmt(x: float | None, digits: int = 4) -> str:
     if x is None:
         return "–"
-    return f"{x:.{digits}g}" if abs(x) < 1e6 else f"{x:.3e}"
+    if abs(x) >= 1e6:
+        return f"{x:.3e}"
+    text = f"{x:.{digits}g}"
+    return f"{x:.0f}" if "e" in text and abs(x) >= 1 else text  # 1160, not 1.16e+03
 
 
 def group_title(key: tuple[str, str, str], runs: list[dict[str, Any]]) -> str:

@@ -221,3 +221,9 @@ def test_whole_benchmark_cost_is_extrapolated_from_real_size_runs():
     # 1,000 items at 2 s an item
     [row] = rows[("ocrbench", "qwen3-vl-8b", "NVIDIA H100 80GB HBM3")]
     assert row[3:] == ["2.00", "0.56 h", "kernels", "3.00 GiB"]
+
+
+def test_fmt_writes_thousands_without_an_exponent():
+    assert L.fmt(1163.4, 3) == "1163" and L.fmt(999.6, 3) == "1000"
+    assert L.fmt(12.34, 3) == "12.3" and L.fmt(1.234e-5, 3) == "1.23e-05" and L.fmt(None) == "–"
+    assert L.fmt(2.5e6) == "2.500e+06"
