@@ -104,7 +104,7 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 // B = 2^(10 - p), where bit p weighs 1: even slots go to p = 8 (B = 4), odd slots to p = 6 (B = 16), so a word
 // needs 4 shifts (<< 8, << 4, >> 4, >> 8; slots 3 and 4 none) and 8 LOP3s for its 16 codes, and B depends on
 // the slot's parity only (a D = 64 k-step mixes slots S and S + 4). The keys' offset B is folded into their
-// biases (slot_base); the values take no offset at all (value_pair: subnormals). Larger offsets would save
+// biases (slot_base); the values take no offset at all (code_pair: subnormals). Larger offsets would save
 // shifts (fields at p = 4, B = 64: 2 shifts per word for D = 128) but cost accuracy: the tensor cores' fp32 sums
 // lose the low bits of B * sum(q s), as measured.
 template <int D>
@@ -126,59 +126,43 @@ __host__ __device__ constexpr uint32_t neg_slot_base_pair(int s) {
   return SlotMap<D>::pos(s) == 4 ? 0xD400D400u : SlotMap<D>::pos(s) == 6 ? 0xCC00CC00u : 0xC400C400u;
 }
 
-template <int D, int S>
-__device__ __forceinline__ uint32_t dequant_slot(uint32_t w) {
+// Pair slot S of a code word as an fp16 pair, in ONE LOP3 after the slot's shift (SlotMap):
+// - key codes (kValue false): (B + lo, B + hi), (x & mask) | base (0xEA; left to itself the compiler emits two
+//   LOP3s for the two immediates);
+// - value codes (kValue true): fp16 subnormals (q_even, 3 - q_odd) x 2^(pos - 24), (x ^ flip) & mask (0x48): no
+//   offset (bit p weighs 2^(p - 24) in a subnormal), and the odd token's (high half's) code mirrored. The decode
+//   negates the odd token's B operand to match, (3 - q) (-s p) = (q - 3) s p, and adds 3 s p back through its zero
+//   (z + 3 s): the running sum then takes q s p and (q - 3) s p in turn, so it carries no offset along a split
+//   (oscar_decode.cuh group_step).
+template <int D, int S, bool kValue>
+__device__ __forceinline__ uint32_t code_slot(uint32_t w) {
   constexpr int kShift = SlotMap<D>::shift(S), kPos = SlotMap<D>::pos(S);
   static_assert(kPos == 4 || kPos == 6 || kPos == 8, "field outside the fp16 mantissa");
   const uint32_t x = kShift >= 0 ? (w >> kShift) : (w << -kShift);
   constexpr uint32_t kMask = 0x00030003u << kPos;
-  constexpr uint32_t kBase = kPos == 4 ? 0x54005400u : kPos == 6 ? 0x4C004C00u : 0x44004400u;  // 64, 16, 4
-  uint32_t y;  // (x & mask) | base as ONE LOP3 (0xEA): left to itself the compiler emits two (two immediates)
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(y) : "r"(x), "r"(kMask), "r"(kBase));
-  return y;
-}
-
-// Pair slot S of a value word as fp16 subnormals (q_even, 3 - q_odd) x 2^(pos - 24): no offset (bit p weighs
-// 2^(p - 24) in a subnormal), and the odd token's (high half's) code mirrored, all in ONE LOP3. The decode negates
-// the odd token's B operand to match, (3 - q) (-s p) = (q - 3) s p, and adds 3 s p back through its zero (z + 3 s):
-// the running sum then takes q s p and (q - 3) s p in turn, so it carries no offset along a split
-// (oscar_decode.cuh group_step).
-template <int D, int S>
-__device__ __forceinline__ uint32_t value_slot(uint32_t w) {
-  constexpr int kShift = SlotMap<D>::shift(S), kPos = SlotMap<D>::pos(S);
-  const uint32_t x = kShift >= 0 ? (w >> kShift) : (w << -kShift);
-  constexpr uint32_t kMask = 0x00030003u << kPos, kFlip = 0x00030000u << kPos;
-  uint32_t y;  // (x ^ flip) & mask as ONE LOP3 (0x48)
-  asm("lop3.b32 %0, %1, %2, %3, 0x48;\n" : "=r"(y) : "r"(x), "r"(kMask), "r"(kFlip));
-  return y;
-}
-
-template <int D>
-__device__ __forceinline__ uint32_t value_pair(uint32_t w, int s) {
-  switch (s) {
-    case 0: return value_slot<D, 0>(w);
-    case 1: return value_slot<D, 1>(w);
-    case 2: return value_slot<D, 2>(w);
-    case 3: return value_slot<D, 3>(w);
-    case 4: return value_slot<D, 4>(w);
-    case 5: return value_slot<D, 5>(w);
-    case 6: return value_slot<D, 6>(w);
-    default: return value_slot<D, 7>(w);
+  uint32_t y;
+  if constexpr (kValue) {
+    constexpr uint32_t kFlip = 0x00030000u << kPos;
+    asm("lop3.b32 %0, %1, %2, %3, 0x48;\n" : "=r"(y) : "r"(x), "r"(kMask), "r"(kFlip));
+  } else {
+    constexpr uint32_t kBase = kPos == 4 ? 0x54005400u : kPos == 6 ? 0x4C004C00u : 0x44004400u;  // 64, 16, 4
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(y) : "r"(x), "r"(kMask), "r"(kBase));
   }
+  return y;
 }
 
-// dequant_slot with the slot known after unrolling (the switch folds away).
-template <int D>
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t w, int s) {
+// code_slot with the slot known after unrolling (the switch folds away).
+template <int D, bool kValue>
+__device__ __forceinline__ uint32_t code_pair(uint32_t w, int s) {
   switch (s) {
-    case 0: return dequant_slot<D, 0>(w);
-    case 1: return dequant_slot<D, 1>(w);
-    case 2: return dequant_slot<D, 2>(w);
-    case 3: return dequant_slot<D, 3>(w);
-    case 4: return dequant_slot<D, 4>(w);
-    case 5: return dequant_slot<D, 5>(w);
-    case 6: return dequant_slot<D, 6>(w);
-    default: return dequant_slot<D, 7>(w);
+    case 0: return code_slot<D, 0, kValue>(w);
+    case 1: return code_slot<D, 1, kValue>(w);
+    case 2: return code_slot<D, 2, kValue>(w);
+    case 3: return code_slot<D, 3, kValue>(w);
+    case 4: return code_slot<D, 4, kValue>(w);
+    case 5: return code_slot<D, 5, kValue>(w);
+    case 6: return code_slot<D, 6, kValue>(w);
+    default: return code_slot<D, 7, kValue>(w);
   }
 }
 

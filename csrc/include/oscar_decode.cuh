@@ -8,11 +8,11 @@
 // GQA heads x query tokens sit in N = 8 columns (NT tiles of 8):
 //   S^T = K_hat Q^T     (A = key codes straight from shared memory, k = channels; B = Q scaled per channel)
 //   O^T += V_hat^T P^T  (A = value codes, k = tokens; B = P scaled per token, moved into place by movmatrix)
-// Codes enter as fp16 (B + code), B = 64, 16 or 4 by pair slot (dequant_slot), so the scales multiply the B
+// Key codes enter as fp16 (B + code), B = 16 or 4 by pair slot (code_slot), so the scales multiply the B
 // operands (Q by the key scale, P by the value scale). Keys: the zeros become biases, per group and k-step
 // sum_d q_d z_d - B sum_d q_d s_d (two MMAs with a constant A, from the same fp16 products q_d s_d as the scores,
 // so the B terms cancel; every group starts its scores from zero). Values: the codes enter with no offset, as fp16
-// subnormals q 2^(p - 24) (value_pair, one LOP3 a register), and mirrored on odd tokens: the odd token's code is
+// subnormals q 2^(p - 24) (code_slot, one LOP3 a register), and mirrored on odd tokens: the odd token's code is
 // complemented (3 - q, in the same LOP3) and its P negated, so its term is (q - 3) s p, and its zero enters as
 // z + 3 s. The running sum O^T then takes q s p and (q - 3) s p in turn and carries no offset along a split; the
 // zeros' sum Z = sum_t z'_t p_t per channel group is one MMA (A rows: z, or z + 3 s on odd tokens), added as
@@ -206,7 +206,7 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int f = (4 * mt + r) * KS + ks;  // compile-time after unrolling
-          a[r] = dequant_pair<D>(kw[f >> 3], f & 7);
+          a[r] = code_pair<D, false>(kw[f >> 3], f & 7);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) mma16816(sc[mt][nt], a, bm[nt][0], bm[nt][1]);
@@ -288,7 +288,7 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int f = (4 * kt + r) * KS + mv;
-          a[r] = value_pair<D>(vw[f >> 3], f & 7);  // (q, 3 - q) x 2^(pos - 24)
+          a[r] = code_pair<D, true>(vw[f >> 3], f & 7);  // (q, 3 - q) x 2^(pos - 24)
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) mma16816(w.acc[mv][nt], a, bm[kt][nt][0], bm[kt][nt][1]);

@@ -1,10 +1,11 @@
 """The "frag" code order (quant/packed.py) against the tensor-core fragment reads of the CUDA decode kernel.
 
 The kernel (csrc/include/oscar_decode.cuh) never unpacks codes to the natural layout: lane L = 4 g + c loads
-its words and turns pair slot s of word w into an fp16 pair (B + code_lo, B + code_hi) by moving the pair into
-an fp16 mantissa (offset B = 64, 16 or 4 by slot). This test replays those reads on the CPU, lane by lane, with the PTX
-m16n8k16 fragment layouts, and checks that the matrices they build are the natural K (token rows) and V^T
-(channel rows) of the block, and that the same token map serves norms, value scales and P^T.
+its words and turns pair slot s of word w into an fp16 pair by moving the pair into an fp16 mantissa: key codes
+as (B + code_lo, B + code_hi) (offset B = 16 or 4 by slot), value codes as subnormals (code_lo, 3 - code_hi) x
+2^(p - 24) (no offset; the high half's, odd token's code mirrored). This test replays those reads on the CPU,
+lane by lane, with the PTX m16n8k16 fragment layouts, and checks that the matrices they build are the natural K
+(token rows) and V^T (channel rows) of the block, and that the same token map serves norms, value scales and P^T.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def slot_base(d: int, slot: int) -> float:
 
 
 def dequant_pair(word: int, slot: int, d: int) -> tuple[float, float]:
-    """The kernel's shift + ONE LOP3 (dequant_slot<D, S>) minus the offset B: fields S, S + 8 (bits 2S, 16 + 2S)
+    """The kernel's shift + ONE LOP3 (code_slot<D, S, false>) minus the offset B: fields S, S + 8 (bits 2S, 16 + 2S)
     moved to mantissa bit p (4, 6 or 8) of each half and OR-ed into fp16 B = 64, 16 or 4."""
     shift = slot_shift(d, slot)
     x = (word >> shift) if shift >= 0 else (word << -shift) & 0xFFFFFFFF
@@ -43,6 +44,18 @@ def dequant_pair(word: int, slot: int, d: int) -> tuple[float, float]:
     offset = slot_base(d, slot)
     assert float(torch.tensor(base, dtype=torch.int32).to(torch.int16).view(torch.float16)) == offset
     return float(halves[0]) - offset, float(halves[1]) - offset
+
+
+def value_pair(word: int, slot: int, d: int) -> tuple[float, float]:
+    """The kernel's shift + ONE LOP3 for value codes (code_slot<D, S, true>): (x ^ flip) & mask, the fields masked
+    in place at mantissa bit p as fp16 subnormals, the high half complemented; in units of the subnormal 2^(p - 24)."""
+    shift = slot_shift(d, slot)
+    x = (word >> shift) if shift >= 0 else (word << -shift) & 0xFFFFFFFF
+    pos = 2 * slot - shift
+    x = (x ^ (0x00030000 << pos)) & (0x00030003 << pos)
+    halves = torch.tensor([x & 0xFFFF, x >> 16], dtype=torch.int32).to(torch.int16).view(torch.float16)
+    unit = 2.0 ** (pos - 24)
+    return float(halves[0]) / unit, float(halves[1]) / unit
 
 
 def test_slot_offsets():
@@ -99,10 +112,12 @@ def test_value_fragments_are_the_block(d):
             for mv in range(per_lane):
                 for r in range(4):
                     f = (4 * kt + r) * per_lane + mv
-                    lo, hi = dequant_pair(mine[f // 8], f % 8, d)
+                    lo, hi = value_pair(mine[f // 8], f % 8, d)
                     ch, k = 16 * mv + g + 8 * (r & 1), 2 * c + 8 * (r >> 1)
-                    assert slot_base(d, f % 8) == slot_base(d, mv)  # the offset B is fixed per channel tile
-                    assert (lo, hi) == (natural[frag_token(kt, k), ch], natural[frag_token(kt, k + 1), ch])
+                    assert slot_base(d, f % 8) == slot_base(d, mv)  # one subnormal unit per channel tile
+                    assert (lo, hi) == (natural[frag_token(kt, k), ch], 3 - natural[frag_token(kt, k + 1), ch])
+                    # the high half is the odd token of a pair, the one whose P the decode negates
+                    assert frag_token(kt, k) % 2 == 0 and frag_token(kt, k + 1) == frag_token(kt, k) + 1
 
 
 def test_token_map_serves_norms_scales_and_p():
