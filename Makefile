@@ -57,7 +57,7 @@ leaderboard: setup
 	$(BIN)/oscar-eval leaderboard $(OPTS)
 
 compare: setup
-	$(BIN)/oscar-eval compare $(A) $(B) $(OPTS)
+	$(BIN)/oscar-eval compare $(A) $(B) --model $(MODEL) $(if $(TASK),--task $(TASK)) $(OPTS)
 
 list: setup
 	$(BIN)/oscar-eval list

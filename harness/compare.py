@@ -9,9 +9,11 @@ with paired-bootstrap intervals and p-values (items matched by id, the task's ow
 statistic), McNemar's exact test and the items that flipped when per-item scores are 0/1, or the
 largest per-item changes otherwise.
 
-Exit status: 0 = no regression beyond --max-drop; 1 = B is worse than A by more than --max-drop
-(absolute in metric units, or relative with a % suffix; "worse" follows the metric's direction);
-2 = bad input or incompatible runs (different task, task version or data), with the reason.
+The gate, on by default: exit 1 when B is worse than A by more than the allowed drop (--max-drop, default 0:
+absolute in metric units, or relative with a % suffix; "worse" follows the metric's direction) and the paired
+bootstrap's p-value of the total is below --alpha (default 0.05), so a significant regression fails and noise does
+not. --alpha 1 fails on any drop beyond --max-drop. Exit 0 otherwise; 2 = bad input or incompatible runs
+(different task, task version or data), with the reason.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from harness import results as R
 from harness import stats
 
 BASELINES_DIR = Path("results") / "baselines"
+ALPHA = 0.05  # the gate's significance level
 
 
 class CompareError(ValueError):
@@ -37,8 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model of method-name inputs")
     p.add_argument("--task", default=None, help="task directory of method-name inputs (e.g. ppl, ocrbench.generated)")
     p.add_argument("--metric", default=None, help="metric to compare and gate on (default: A's primary metric)")
-    p.add_argument("--max-drop", default=None,
-                   help="fail (exit 1) when B is worse than A by more than this: 0.5 or 2%%")
+    p.add_argument("--max-drop", default="0",
+                   help="allowed drop: exit 1 when B is worse than A by more than this (0.5 in metric units, or 2%% "
+                        "of A) and the difference is significant (--alpha); default 0: any significant regression "
+                        "fails")
+    p.add_argument("--alpha", type=float, default=ALPHA,
+                   help="significance level of the gate (paired bootstrap p-value of the total, default "
+                        f"{ALPHA}); 1 gates on the drop alone")
     p.add_argument("--resamples", type=int, default=stats.DEFAULT_RESAMPLES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show", type=int, default=20, help="how many flipped / changed items to list")
@@ -51,13 +59,15 @@ def main(args: argparse.Namespace) -> int:
         path_a, path_b = resolve_pair(args.a, args.b, args.model, args.task, Path(args.runs_dir))
         a, b = R.read_result(path_a), R.read_result(path_b)
         threshold = parse_threshold(args.max_drop)
+        if not 0 < args.alpha <= 1:
+            raise CompareError(f"--alpha must be in (0, 1], got {args.alpha}")
         report = compare(a, b, args.metric, args.resamples, args.seed)
     except (CompareError, R.ResultFileError) as err:
         print(f"oscar-eval compare: error: {err}", file=sys.stderr)
         return 2
     report["a"], report["b"] = str(path_a), str(path_b)
-    failed, verdict = gate(report, threshold)
-    report["gate"] = {"max_drop": args.max_drop, "failed": failed, "verdict": verdict}
+    failed, verdict = gate(report, threshold, args.alpha)
+    report["gate"] = {"max_drop": args.max_drop, "alpha": args.alpha, "failed": failed, "verdict": verdict}
     print(format_report(report, args.show))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -241,22 +251,30 @@ def item_changes(sa: list[dict], sb: list[dict], metric: str) -> dict[str, Any]:
     return {"score": key, "test": None, "changed": rows}
 
 
-def gate(report: dict[str, Any], threshold: tuple[float, bool] | None) -> tuple[bool, str]:
-    """(failed, sentence). drop = how much worse B is than A, in the metric's direction."""
+def gate(report: dict[str, Any], threshold: tuple[float, bool] | None, alpha: float = ALPHA) -> tuple[bool, str]:
+    """(failed, sentence): failed when B is worse than A by more than `threshold` (None: 0) and the total's paired
+    p-value is below `alpha` (alpha 1: the drop alone decides). drop = how much worse B is, in the metric's
+    direction."""
     a, b = report["total"]["a"], report["total"]["b"]
     if a is None or b is None:
-        return threshold is not None, "metric undefined in A or B"
+        return True, "FAIL: the metric is undefined in A or B"
+    value, relative = threshold or (0.0, False)
     drop = (a - b) if report["higher_is_better"] else (b - a)
-    if threshold is None:
-        return False, f"B is worse by {drop:.4g}" if drop > 0 else f"B is better or equal by {-drop:.4g}"
-    value, relative = threshold
+    if relative and a == 0:
+        return drop > 0, f"{'FAIL' if drop > 0 else 'ok'}: A is 0, a relative drop is undefined; any drop fails"
     measured = 100 * drop / abs(a) if relative else drop
     unit = "%" if relative else ""
-    if relative and a == 0:
-        return drop > 0, "A is 0: a relative threshold is undefined; any drop fails"
-    failed = measured > value
-    word = "FAIL" if failed else "ok"
-    return failed, f"{word}: drop {measured:.4g}{unit} vs allowed {value:g}{unit}"
+    p = report["total"].get("p_value")
+    significant = alpha >= 1 or (p is not None and p < alpha)
+    failed = measured > value and significant
+    where = (f"B is worse by {measured:.4g}{unit}" if drop > 0
+             else f"B is better or equal by {abs(measured):.4g}{unit}")
+    allowed = f"allowed {value:g}{unit}"
+    p_text = "" if alpha >= 1 else f", p = {_f(p)} (alpha {alpha:g})"
+    if failed:
+        return True, f"FAIL: {where}, {allowed}{p_text}"
+    why = "" if measured <= value else " but not significantly (--alpha)"
+    return False, f"ok: {where}{why}, {allowed}{p_text}"
 
 
 def format_report(report: dict[str, Any], show: int) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -209,13 +210,23 @@ def _kill_after(rank: int) -> int | None:
     return n if who == rank else None
 
 
-def open_progress(result_path: Path, identity: dict[str, Any], restart: bool, ranks: Ranks) -> RankProgress:
+def open_progress(result_path: Path, identity: dict[str, Any], restart: bool, ranks: Ranks,
+                  replace_other: bool = False) -> RankProgress:
     """This rank's progress file, opened or created, with the records of every progress file of the result.
 
-    --restart (restart=True) discards them: each rank its own, rank 0 those of no current rank. Every rank reads
-    the files between two barriers, before any rank writes; a file from other settings raises
-    ResultFileError on every rank (the message says to rerun with --restart)."""
+    --restart (restart=True) discards them: each rank its own, rank 0 those of no current rank. With
+    `replace_other` (--force) they are discarded only when one of them holds another run (another config or code),
+    and resumed otherwise. Every rank reads the files between two barriers, before any rank writes; a file from
+    other settings raises ResultFileError on every rank (the message says to rerun with --restart)."""
     own = R.progress_path(result_path, ranks.rank if ranks.parallel else None)
+    if replace_other and not restart:
+        other = [(p, diff) for p in R.progress_paths(result_path) for diff in [R.progress_diff(p, identity)] if diff]
+        barrier(ranks)  # every rank has read the headers before any rank deletes a file
+        if other and ranks.main:
+            path, diff = other[0]
+            print(f"{path}: discarding an unfinished run of another config or code ({'; '.join(diff)})",
+                  file=sys.stderr)
+        restart = bool(other)
     if restart:
         own.unlink(missing_ok=True)
         if ranks.main:

@@ -177,6 +177,7 @@ class Board:
 
 
 def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench: dict[str, dict[str, Any]]) -> Board:
+    mark_stale(runs)
     real, checks = group_runs(runs)
     speed = [Speed(gpu, data, e2e_table(gpu, data), targets_table(gpu, data), kernel_table(gpu, data))
              for gpu, data in bench.items()]
@@ -234,7 +235,7 @@ def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bo
     kv = s["kv_bytes"]["total"]
     ref_kv = reference["system"]["kv_bytes"]["total"] if reference else None
     window = r["method"]["config"].get("residual_length")
-    row = {"method": r["method"]["name"], "window": "–" if window is None else str(window)}
+    row = {"method": r["method"]["name"] + partial_tag(r), "window": "–" if window is None else str(window)}
     if with_metric:
         m = r["metrics"][r["primary_metric"]]
         ci = f" [{fmt(m['ci_low'])}, {fmt(m['ci_high'])}]" if m["ci_low"] is not None else ""
@@ -245,7 +246,35 @@ def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bo
             "tok/s": fmt(s["tokens_per_s"], 3) + (" (graphs)" if (s.get("graph_decode_share") or 0) >= 0.5 else ""),
             "items/s": fmt(s.get("items_per_s"), 3), "kernel steps": percent(s.get("kernel_step_share")),
             "peak memory": peak_memory(s), "device": s["device"],
-            "commit": (r["environment"]["git_commit"] or "–")[:8]}
+            "commit": (r["environment"]["git_commit"] or "–")[:8] + (" (stale)" if r.get("_stale") else "")}
+
+
+def partial_tag(r: dict[str, Any]) -> str:
+    """' (first N of M)' for a run over the first N items of a set of M (--limit), else ''."""
+    n, total = r["task"]["n_items"], r["task"].get("n_total")
+    return f" (first {n} of {total})" if total and n < total else ""
+
+
+def mark_stale(runs: list[dict[str, Any]]) -> None:
+    """Put each run's harness.provenance.stale_reasons in '_stale' (empty when the run is what this checkout
+    computes)."""
+    from harness import provenance
+
+    for r in runs:
+        r["_stale"] = provenance.stale_reasons(r)
+
+
+def stale_note(runs: list[dict[str, Any]]) -> str:
+    """One sentence naming the table's stale runs, grouped by reason."""
+    by_reason: dict[str, list[str]] = {}
+    for r in runs:
+        for reason in r.get("_stale") or []:
+            by_reason.setdefault(reason, []).append(r["method"]["name"] + partial_tag(r))
+    if not by_reason:
+        return ""
+    parts = [f"{', '.join(names) if len(names) < len(runs) else 'all'}: {reason}"
+             for reason, names in by_reason.items()]
+    return "Stale, not what this code computes (`make eval ... OPTS=--force` reruns one): " + " · ".join(parts) + "."
 
 
 OPTIONAL_COLUMNS = ("items/s", "kernel steps")  # shown where a result of the table records them
@@ -269,7 +298,8 @@ def result_table(key, runs: list[dict[str, Any]], pipeline_check: bool = False) 
     header = list(rows[0])
     if not pipeline_check:
         header[2] = metric_header(runs)
-    return Table(group_title(key, runs), header, [list(r.values()) for r in rows], [r["_path"] for r in runs])
+    return Table(group_title(key, runs), header, [list(r.values()) for r in rows], [r["_path"] for r in runs],
+                 note=stale_note(runs))
 
 
 def paper_tables(paper: dict[str, Any]) -> list[Table]:
@@ -384,7 +414,7 @@ def markdown(board: Board, short: bool = False) -> str:
     parts = [board.intro]
     if not board.results:
         parts.append(NO_RESULTS)
-    parts += [f"### {t.title}\n\n{md_table(t)}" for t, _ in board.results]
+    parts += [f"### {t.title}\n\n{md_table(t)}" + (f"\n\n{t.note}" if t.note else "") for t, _ in board.results]
     parts += [f"### Speed and memory: {s.e2e.title}\n\n{md_table(s.e2e)}\n\n{s.e2e.note}" for s in board.speed if s.e2e]
     if short:
         return "\n\n".join(parts + [README_MORE.format(n=sum(len(t.rows) for t in board.checks))]) + "\n"
@@ -393,7 +423,8 @@ def markdown(board: Board, short: bool = False) -> str:
         parts.append(f"### Published numbers (not measured here)\n\nSource: {board.source}.")
         parts += [f"#### {t.title}\n\n" + md_table(t) for t, _ in board.published]
     if board.checks:
-        tables = "\n\n".join(f"#### {t.title}\n\n{md_table(t)}" for t in board.checks)
+        tables = "\n\n".join(f"#### {t.title}\n\n{md_table(t)}" + (f"\n\n{t.note}" if t.note else "")
+                               for t in board.checks)
         parts.append(f"<details><summary>{board.checks_title}</summary>\n\n{tables}\n\n</details>")
     return "\n\n".join(parts) + "\n"
 

@@ -37,13 +37,21 @@ def list_models(args) -> list[str]:
 
 
 def list_methods(args) -> list[str]:
-    import quant
+    """Every preset with the groups `--quant` takes it in (bf16 is in two), its code bits and its family."""
+    from quant.methods import GROUPS, PRESETS, get_method
 
     rows = []
-    for name in quant.list_methods():
-        method = quant.get_method(name)
-        rows.append((name, R.number(getattr(method, "bits", None)), getattr(method, "method", "")))
-    return _columns(rows, ("name", "bits", "family"))
+    for name in PRESETS:
+        method = get_method(name)
+        groups = ",".join(g for g, names in GROUPS.items() if name in names)
+        rows.append((name, groups, R.number(getattr(method, "bits", None)), getattr(method, "method", "")))
+    return _columns(rows, ("name", "group", "code bits", "family")) + [CODE_BITS_NOTE]
+
+
+# A config's `bits` cannot know the head dim, which sets how much its norms and scales add per element.
+CODE_BITS_NOTE = ("code bits: per element, before scales, zero points and norms (turboquant's 2.25 is 2.5 bits per "
+                  "element at head dim 128 with its two fp16 norms a token); a result's bits per element count "
+                  "everything stored")
 
 
 def list_tasks(args) -> list[str]:

@@ -34,16 +34,28 @@ details.checks summary{cursor:pointer;font-weight:600}
 ONLOAD = ("<script>window.addEventListener('load',function(){var n=0;"
           "document.querySelectorAll('img.plot').forEach(function(i){if(i.complete&&i.naturalWidth>0)n++;});"
           "document.body.setAttribute('data-plots-rendered',String(n));});</script>")
-FIXED_COLOURS = {"bf16": "#555555", "oscar": "#d62728"}
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
-MARKERS = "osD^v<>ph*"
+# One (colour, marker) per preset (quant.methods.PRESETS), fixed so a method looks the same on every plot whichever
+# others are shown: BF16 grey, OScaR red, each comparison preset a strong colour, its own-paper preset or variant the
+# light shade of that colour (OScaR's float zero point light red), every marker distinct as well.
+PRESET_STYLES = {
+    "bf16": ("#555555", "o"), "kivi": ("#1f77b4", "s"), "quarot": ("#ff7f0e", "D"), "rotatekv": ("#2ca02c", "^"),
+    "ott": ("#9467bd", "v"), "turboquant": ("#8c564b", "<"), "oscar": ("#d62728", ">"),
+    "oscar-rotation-only": ("#e377c2", "p"), "oscar-scaling-only": ("#17becf", "h"),
+    "kivi-own-paper": ("#aec7e8", "*"), "quarot-own-paper": ("#ffbb78", "P"), "rotatekv-own-paper": ("#98df8a", "X"),
+    "turboquant-own-paper": ("#c49c94", "d"), "oscar-float-zero": ("#ff9896", "H"),
+    "turboquant-rotated-split": ("#bcbd22", "8"),
+}
+# Methods of no preset (a custom config's name) take pairs no preset uses, in the order they are shown.
+OTHER_COLOURS = ("#7f7f7f", "#c5b0d5", "#f7b6d2", "#dbdb8d", "#9edae5", "#000000")
+MARKERS = "osD^v<>ph*PXdH8"
 
 
 def colours(methods: list[str]) -> dict[str, tuple[str, str]]:
-    """{method: (colour, marker)}, the same on every plot of the page; BF16 grey, OScaR red."""
-    others = [m for m in methods if m not in FIXED_COLOURS]
-    return {m: (FIXED_COLOURS.get(m) or PALETTE[others.index(m) % len(PALETTE)], MARKERS[i % len(MARKERS)])
-            for i, m in enumerate(methods)}
+    """{method: (colour, marker)}, the same on every plot of the page and distinct between methods."""
+    taken = set(PRESET_STYLES.values())
+    spare = [pair for pair in ((c, m) for m in MARKERS for c in OTHER_COLOURS) if pair not in taken]
+    others = [m for m in dict.fromkeys(methods) if m not in PRESET_STYLES]
+    return {m: PRESET_STYLES.get(m) or spare[others.index(m) % len(spare)] for m in methods}
 
 
 def png(fig) -> str:

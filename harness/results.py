@@ -180,9 +180,16 @@ def _append_line(path: Path, obj: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def _identity_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    keys = sorted(set(old) | set(new))
-    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+def _identity_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """'key: old -> new' for each differing key; nested dicts (the method's config, the code parts) key by key."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _identity_diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return out
 
 
 class Progress:
@@ -220,6 +227,24 @@ def open_progress(path: Path | str, identity: dict[str, Any], restart: bool = Fa
             "rerun with --restart to discard it, or --out to write elsewhere"
         )
     return Progress(path, identity, records)
+
+
+def progress_diff(path: Path, identity: dict[str, Any]) -> list[str]:
+    """How the run recorded in the progress file `path` differs from `identity` (empty: the same run); an unreadable
+    file differs."""
+    try:
+        header, _ = _read_progress(path)
+    except (ResultFileError, OSError, KeyError, TypeError) as err:
+        return [f"unreadable ({err})"]
+    return _identity_diff(header, identity)
+
+
+def progress_count(path: Path) -> int | None:
+    """How many items the progress file `path` records, None when it cannot be read."""
+    try:
+        return len(_read_progress(path)[1])
+    except (ResultFileError, OSError, KeyError, TypeError):
+        return None
 
 
 def _read_progress(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import distributed as D
+from harness import provenance
 from harness import results as R
 from harness import stats
 
@@ -148,9 +149,7 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     kernels = kernels or KernelOptions()
     if backend:
         kernels = kernels.replace(backend=backend)
-    items = D.main_first(ranks, lambda: task_obj.load(data, limit))  # rank 0 first: it builds a generated set
-    if not items:
-        raise ValueError(f"task {task_obj.name} loaded no items (data={data!r}, limit={limit})")
+    items, n_total = D.main_first(ranks, lambda: load_items(task_obj, data, limit))  # rank 0 builds generated sets
     if adapter is None:
         from harness import models as M
 
@@ -169,25 +168,52 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     D.check_same(ranks, (fingerprint, model_info["weight_hash"]), "the items' fingerprint and the weight hash")
     written = []
     for method in methods:
-        path = Path(out.format(task=R.task_dir(task_obj.name, data) + own_paper_suffix(method.name, methods),
-                               model=R.model_dir(model_info), method=method.name))
         ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend,
-                         kernels, batch_size)
+                         kernels, batch_size, n_total)
+        ctx.code = provenance.parts_for(method, task_obj, adapter, ctx.backend, model_info.get("weights", "real"))
+        path = Path(out.format(task=R.task_dir(task_obj.name, data) + own_paper_suffix(method.name, methods),
+                               model=R.model_dir(model_info), method=ctx.result_name))
         written.append(run_method(ctx, adapter, path, restart, force, n_resamples, ranks))
     return written
+
+
+def load_items(task, data: str | None, limit: int | None) -> tuple[list[dict[str, Any]], int]:
+    """(the run's items, how many the whole set holds). With a limit the whole set is loaded first to count it (the
+    limited load comes last: a task may keep the order of what it loaded last)."""
+    n_total = len(task.load(data, None)) if limit is not None else None
+    items = task.load(data, limit)
+    if not items:
+        raise ValueError(f"task {task.name} loaded no items (data={data!r}, limit={limit})")
+    return items, len(items) if n_total is None else n_total
 
 
 class RunContext:
     """Everything that identifies one (model, method, task, data, seed) run."""
 
     def __init__(self, model, model_info, method, task, items, data, limit, fingerprint, seed, backend, kernels=None,
-                 batch_size: int = 1):
+                 batch_size: int = 1, n_total: int | None = None):
         self.model, self.model_info, self.method, self.task = model, model_info, method, task
         self.batch_size = batch_size
         self.items, self.data, self.limit, self.fingerprint, self.seed = items, data, limit, fingerprint, seed
+        self.n_total = len(items) if n_total is None else n_total
         # Methods without a kernel decode run the torch reference whatever was asked.
         self.backend = backend if method.kernel_decode else "torch"
         self.kernels = kernels
+        self.code: dict[str, str] | None = None  # harness.provenance.code_parts of the run
+
+    @property
+    def label(self) -> str:
+        """The method as it ran: its preset's name, or the name with the fields that differ (quant.methods.label)."""
+        from quant.methods import label
+
+        return label(self.method)
+
+    @property
+    def result_name(self) -> str:
+        """The result file's stem: the label, and `.first<N>` when the items are the first N of a larger set, so a
+        partial run never takes the place of a whole one."""
+        partial = len(self.items) < self.n_total
+        return self.label + (f".first{len(self.items)}" if partial else "")
 
     def identity(self) -> dict[str, Any]:
         """What must match for recorded items to be reused (the limit may change between sessions)."""
@@ -195,7 +221,7 @@ class RunContext:
             "model": self.model, "weight_hash": self.model_info["weight_hash"],
             "method": R.jsonable(self.method.to_dict()),
             "task": self.task.name, "task_version": int(self.task.version), "data": self.data,
-            "seed": self.seed, "backend": self.backend,
+            "seed": self.seed, "backend": self.backend, "code": self.code,
         }
 
 
@@ -204,12 +230,20 @@ def run_method(ctx: RunContext, adapter, path: Path, restart: bool, force: bool,
     """Run (or resume, or skip when up to date) one method; write and return its result. Several ranks: each runs
     its shard, rank 0 merges the records and writes the result (harness/distributed.py)."""
     if path.exists() and not (force or restart):
-        existing = _up_to_date(path, ctx)
-        if existing is not None:
+        differences = _differences(path, ctx)
+        if not differences:
             if ranks.main:
                 print(f"{path}: up to date, skipped (--force reruns it)", file=sys.stderr)
-            return existing
-    progress = D.open_progress(path, ctx.identity(), restart or force, ranks)
+                _report_orphans(path)
+            return R.read_result(path)
+        if ranks.main:
+            print(f"{path}: rerunning, the result there differs from this run: {'; '.join(differences)}",
+                  file=sys.stderr)
+    # --restart discards recorded items; --force reruns but resumes items recorded by this very run (same config and
+    # code), and discards only progress of another one
+    progress = D.open_progress(path, ctx.identity(), restart, ranks, replace_other=force)
+    if progress.records and ranks.main:
+        print(f"{path}: resuming, {len(progress.records)} of {len(ctx.items)} items already recorded", file=sys.stderr)
     R.reset_peak_memory()
     _seed_everything(ctx.seed)
     shard = D.shard(ctx.items, ranks)
@@ -236,15 +270,36 @@ def _write(ctx: RunContext, adapter, path: Path, records: list[dict[str, Any]], 
     return result
 
 
-def _up_to_date(path: Path, ctx: RunContext) -> dict[str, Any] | None:
+def _differences(path: Path, ctx: RunContext) -> list[str]:
+    """What the result at `path` ran otherwise than `ctx` would (empty: it is up to date): config, task version,
+    data, seed, backend, weights, and each part of the code (harness/provenance.py)."""
     try:
         old = R.read_result(path)
-    except R.ResultFileError:
-        return None
-    same = (old["method"]["config"] == R.jsonable(ctx.method.to_dict()) and old["task"]["version"] == ctx.task.version
-            and old["task"]["data_fingerprint"] == ctx.fingerprint and old["seed"] == ctx.seed
-            and old["backend"] == ctx.backend and old["model"]["weight_hash"] == ctx.model_info["weight_hash"])
-    return old if same else None
+    except R.ResultFileError as err:
+        return [f"it cannot be read ({err})"]
+    now = {"config": R.jsonable(ctx.method.to_dict()), "task version": int(ctx.task.version),
+           "data": ctx.fingerprint, "seed": ctx.seed, "backend": ctx.backend,
+           "weights": ctx.model_info["weight_hash"]}
+    then = {"config": old["method"]["config"], "task version": old["task"]["version"],
+            "data": old["task"]["data_fingerprint"], "seed": old["seed"], "backend": old["backend"],
+            "weights": old["model"]["weight_hash"]}
+    out = [f"{k}" + (f" {then[k]!r} -> {now[k]!r}" if k in ("seed", "backend", "task version") else "")
+           for k in now if now[k] != then[k]]
+    recorded, commit = old.get("code"), (old["environment"].get("git_commit") or "?")[:8]
+    if recorded is None:
+        out.append(f"it records no code fingerprint (ran at {commit})")
+    else:
+        changed = [p for p in sorted(set(recorded) | set(ctx.code or {})) if recorded.get(p) != (ctx.code or {}).get(p)]
+        out += [f"{', '.join(changed)} code changed since {commit}"] if changed else []
+    return out
+
+
+def _report_orphans(path: Path) -> None:
+    """Say so when an unfinished run's progress sits beside an up-to-date result (a forced rerun that was killed)."""
+    for progress in R.progress_paths(path):
+        n = R.progress_count(progress)
+        print(f"{progress}: an unfinished run's progress ({n} items) is left here; rerun with --force to resume "
+              "it, or delete the file", file=sys.stderr)
 
 
 def _seed_everything(seed: int) -> None:
@@ -325,11 +380,12 @@ def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resa
         "date": R.utc_now(),
         "seed": ctx.seed,
         "model": ctx.model_info,
-        "method": {"name": ctx.method.name, "config": R.jsonable(ctx.method.to_dict()),
+        "method": {"name": ctx.label, "preset": ctx.method.name, "config": R.jsonable(ctx.method.to_dict()),
                    "bits": R.number(getattr(ctx.method, "bits", None))},
         "backend": ctx.backend,
         "task": {"name": ctx.task.name, "version": int(ctx.task.version), "data": R.data_kind(ctx.data),
-                 "data_fingerprint": ctx.fingerprint, "n_items": len(ctx.items), "limit": ctx.limit,
+                 "data_fingerprint": ctx.fingerprint, "n_items": len(ctx.items), "n_total": ctx.n_total,
+                 "limit": ctx.limit,
                  "settings": R.jsonable(ctx.task.describe()) if hasattr(ctx.task, "describe") else {}},
         "primary_metric": primary,
         "metrics": metrics,
@@ -337,6 +393,7 @@ def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resa
         "samples": records,
         "system": {**R.system_figures(records, adapter), "batch_size": ctx.batch_size},
         "environment": R.environment(ctx.kernels),
+        "code": ctx.code or {},
         "n_errors": sum(1 for r in records if "error" in r),
         "notes": R.notes(ctx.model_info, ctx.data),
     }

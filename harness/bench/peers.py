@@ -18,7 +18,8 @@ Peers (NAME of --peer):
   `triton_quantize_and_pack_along_last_dim` (2 bits, groups of 32, a 128-token full-precision window), and a step is
   the attention of models/llama_kivi.py: `cuda_bmm_fA_qB_outer` for the packed scores and values, torch matmuls for
   the window, an fp32 softmax; fp16. Its GEMV launches on the legacy default stream, which a CUDA graph cannot
-  capture, so KIVI is timed eagerly (as it runs), and the table says so.
+  capture unless patched, so KIVI is timed eagerly (as it runs), and the tables mark it as not like-for-like with
+  the replayed columns.
 - lmdeploy, vllm: their packages, installed or at PATH (put on sys.path). The bench checks that they import; a
   peer that does not is marked "not available on this machine" with the import's error. Timing their decode kernels
   is not implemented here (no machine this project runs on has them), so a peer that imports is marked "not timed".
@@ -46,6 +47,12 @@ PEER_POINTS = "1x4096,1x32768,1x131072,16x32768,64x4096"
 PEER_SHAPES = "qwen3-8b"
 NOT_AVAILABLE = "not available on this machine"
 REPO = Path(__file__).resolve().parents[2]
+# Why a row timed eagerly is marked: its time holds the host's launches between its kernels, which a graph replay
+# does not, so it bounds the peer's kernels from above and does not compare with the replayed columns.
+EAGER_MARK = "not like-for-like: timed eagerly, not graph-replayed"
+EAGER_NOTE = ("(eager): timed as it runs, not graph-replayed, so not like-for-like with the other columns: its time "
+              "includes the host's launches between its kernels, which a replay removes. The peers table says why it "
+              "ran eagerly.")
 
 
 class PeerUnavailable(RuntimeError):
@@ -241,7 +248,8 @@ class Kivi:
 
         nbytes = sum(x.nbytes for x in (kq, k_scale, k_mn, vq, v_scale, v_mn))
         return Step(fn, 8 * nbytes / (2 * b * hkv * packed * d), graph=False,
-                    note=f"{self.RESIDUAL}-token fp16 window; eager (its GEMV launches on the legacy default stream)")
+                    note=f"{self.RESIDUAL}-token fp16 window; its GEMV launches on the legacy default stream, which a "
+                         "CUDA graph cannot capture unless patched to launch on the current stream")
 
 
 def probe_package(name: str, path: Path | None):
@@ -390,14 +398,19 @@ def format_section(result: dict) -> str:
                                           for n, _ in cols[1:]]
             lines.append(f"| {row['batch']} x {row['context'] // 1024}K | " + " | ".join(cells) + " |")
         lines.append("")
+    eager = {n for row in result["points"] if "error" not in row for n, _ in cols[1:]
+             if isinstance(row.get(n), dict) and row[n].get("mode") == "eager"}
+    if eager:
+        lines += [EAGER_NOTE, ""]
     lines += [("**The peers** (bits per element: the packed part's codes, scales, zeros and norms over its K and V "
               "elements, at the longest point; error: relative L2 against the unquantized attention in float32 at "
               "that point, which says the peer computed attention over its own 2-bit cache):"), "",
               "| peer | version | bits per element | error vs exact | how it ran |", "|---|---|---|---|---|"]
     last = max((r for r in result["points"] if "error" not in r), key=lambda r: r["batch"] * r["context"], default={})
     proj = last.get("project", {})
+    how = (f"**{EAGER_MARK}**; " if "project" in eager else "") + "CUDA decode, 64-token bf16 window"
     lines.append(f"| this project | {result['project_version']} | {proj.get('bits', float('nan')):.3f} | "
-                 f"{proj.get('rel_err_vs_exact', float('nan')):.3f} | CUDA decode, 64-token bf16 window |")
+                 f"{proj.get('rel_err_vs_exact', float('nan')):.3f} | {how} |")
     for p in peers:
         e = last.get(p["name"], {})
         if p.get("error"):
@@ -405,8 +418,9 @@ def format_section(result: dict) -> str:
         elif "error" in e or not e:
             lines.append(f"| {TITLES[p['name']]} | {p['version']} | - | - | failed: {e.get('error', 'no result')} |")
         else:
+            how = "; ".join(x for x in ((f"**{EAGER_MARK}**" if p["name"] in eager else ""), e.get("note", "")) if x)
             lines.append(f"| {TITLES[p['name']]} | {p['version']} | {e['bits']:.3f} | {e['rel_err_vs_exact']:.3f} | "
-                         f"{e.get('note', '')} |")
+                         f"{how} |")
     return "\n".join(lines) + "\n"
 
 

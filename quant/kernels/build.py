@@ -51,6 +51,28 @@ def build_one(spec: str) -> str:
     return cuda.load(d, min_blocks=b, warps=w).__name__
 
 
+def build_name(spec: str, arch: str) -> str:
+    """The cache name of one spec's build ('layers' for the layer kernels) for the target arch `arch`."""
+    from quant.kernels import cuda
+
+    if spec == "layers":
+        return cuda.layers_name(arch)
+    d, b, w = parse_spec(spec)
+    return cuda.specialization_name(d, arch, b, w)
+
+
+def build_notice(specs: list[str], arch: str) -> str | None:
+    """The line said before the builds of `specs` that are not cached (None: all are): the workers' output comes at
+    their end, so the parallel builds would otherwise be a silent minute or two."""
+    from quant.kernels import cuda
+
+    todo = [s for s in specs if not cuda.is_built(build_name(s, arch))]
+    if not todo:
+        return None
+    return (f"building {', '.join(todo)} for sm_{arch} with nvcc, in parallel: about a minute or two, once; later "
+            f"runs reuse them from {cuda.cache_dir()}")
+
+
 def build_all(specs: list[str], layers: bool = True, timeout: float = 600) -> int:
     """Run one `--one SPEC` process per build at once; print each one's name and seconds. Returns how many failed."""
     jobs = [*specs, *(["layers"] if layers else [])]
@@ -99,6 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA GPU here: the extensions are built for the GPU they run on (cuda.target_arch). Without "
               "one, `pytest tests/kernels/test_csrc.py` compiles the sources for sm_90a with nvcc.", file=sys.stderr)
         return 1
+    from quant.kernels import cuda
+
+    try:
+        notice = build_notice([*specs, *([] if a.no_layers else ["layers"])], cuda.target_arch())
+    except RuntimeError:  # a GPU too old for the kernels: every worker fails and reports why
+        notice = None
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
     return 1 if build_all(specs, layers=not a.no_layers, timeout=a.timeout) else 0
 
 

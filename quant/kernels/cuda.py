@@ -8,7 +8,7 @@ CUDA in place of their Triton kernels, `rms_norm` / `rope` here).
 specialization (head dim, target arch, register budget) under a deterministic name that includes a
 hash of the sources and flags, in a cache directory (OSCAR_KERNEL_CACHE, else
 $XDG_CACHE_HOME/oscar-eval/kernels, else ~/.cache/oscar-eval/kernels): the first call builds (about a
-minute), later calls and later processes reuse the build.
+minute, said on stderr first), later calls and later processes reuse the build.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import functools
 import hashlib
 import importlib.resources
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -44,6 +45,27 @@ def cache_dir() -> Path:
         return Path(os.environ["OSCAR_KERNEL_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "oscar-eval" / "kernels"
+
+
+def is_built(name: str) -> bool:
+    """Whether the build `name` is in the cache (torch's loader then imports it without running nvcc)."""
+    from torch.utils.cpp_extension import LIB_EXT
+
+    return (cache_dir() / name / f"{name}{LIB_EXT}").is_file()
+
+
+def build_notice(what: str, name: str) -> str:
+    return (f"quant.kernels: building {what} ({name}) with nvcc: about a minute, once; later runs reuse it from "
+            f"{cache_dir()}")
+
+
+def announce_build(what: str, name: str) -> None:
+    """Say on stderr (above a tqdm bar, where one is drawn) that `name` builds now, unless it is cached: a first run
+    on a fresh machine otherwise sits on its first item's progress line, without a word, for the minute nvcc takes."""
+    from tqdm import tqdm
+
+    if not is_built(name):
+        tqdm.write(build_notice(what, name), file=sys.stderr)
 
 
 def target_arch(device: torch.device | None = None) -> str:
@@ -95,6 +117,7 @@ def load(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: b
     name = specialization_name(head_dim, arch, min_blocks, warps)
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
+    announce_build(f"the CUDA decode and pack kernels for head dim {head_dim}", name)
     return cpp_load(name=name, sources=[str(CSRC / "oscar_bindings.cu")], extra_cuda_cflags=build_flags(
         head_dim, arch, min_blocks, warps), extra_include_paths=[str(CSRC)], build_directory=str(build),
         verbose=verbose)
@@ -104,6 +127,19 @@ LAYER_SOURCES = ("layer_bindings.cu", "include/oscar_type16.cuh", "include/oscar
                  "include/oscar_rope.cuh", "include/oscar_msg.h")
 
 
+def layer_flags(arch: str) -> list[str]:
+    return ["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-lineinfo"]
+
+
+def layers_name(arch: str) -> str:
+    """oscar_layers_sm{arch}_{hash of sources and flags}: the layer kernels' build for one target arch."""
+    h = hashlib.sha256()
+    for rel in LAYER_SOURCES:
+        h.update((CSRC / rel).read_bytes())
+    h.update(" ".join(layer_flags(arch)).encode())
+    return f"oscar_layers_sm{arch}_{h.hexdigest()[:12]}"
+
+
 @functools.lru_cache(maxsize=None)
 def load_layers(arch: str | None = None, verbose: bool = False):
     """Build (or reuse) and import the decode-time layer kernels (csrc/layer_bindings.cu: GEMV, RMSNorm, RoPE): one
@@ -111,15 +147,11 @@ def load_layers(arch: str | None = None, verbose: bool = False):
     from torch.utils.cpp_extension import load as cpp_load
 
     arch = arch or target_arch()
-    flags = ["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-lineinfo"]
-    h = hashlib.sha256()
-    for rel in LAYER_SOURCES:
-        h.update((CSRC / rel).read_bytes())
-    h.update(" ".join(flags).encode())
-    name = f"oscar_layers_sm{arch}_{h.hexdigest()[:12]}"
+    name = layers_name(arch)
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
-    return cpp_load(name=name, sources=[str(CSRC / "layer_bindings.cu")], extra_cuda_cflags=flags,
+    announce_build("the CUDA layer kernels (GEMV, RMSNorm, RoPE)", name)
+    return cpp_load(name=name, sources=[str(CSRC / "layer_bindings.cu")], extra_cuda_cflags=layer_flags(arch),
                     extra_include_paths=[str(CSRC)], build_directory=str(build), verbose=verbose)
 
 

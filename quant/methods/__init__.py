@@ -83,36 +83,110 @@ def setting_of(name: str) -> str:
 
 
 def get_method(name: str | MethodConfig, **overrides) -> MethodConfig:
-    """A preset by name, with field overrides (e.g. get_method("oscar", group_size=64))."""
+    """A preset by name, with field overrides (e.g. get_method("oscar", group_size=64)). Text values (the command
+    line's) are parsed against the field's type (`coerce`); a value of the wrong type is refused."""
     if isinstance(name, MethodConfig):
-        return dataclasses.replace(name, **overrides) if overrides else name
-    if name not in PRESETS:
+        cls, base, preset = type(name), name.name, {}
+        fields = {f.name: getattr(name, f.name) for f in dataclasses.fields(cls)}
+    elif name in PRESETS:
+        method, preset = PRESETS[name]
+        cls, base, fields = METHODS[method], name, {}
+    else:
         raise KeyError(f"unknown quantization method {name!r}; known presets: {', '.join(PRESETS)}")
-    method, preset = PRESETS[name]
-    cls = METHODS[method]
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(overrides) - known
+    known = [f.name for f in dataclasses.fields(cls) if f.name != "name"]
+    unknown = sorted(set(overrides) - set(known))
     if unknown:
-        raise ValueError(f"{name}: unknown option(s) {sorted(unknown)}; {method} takes {sorted(known - {'name'})}")
-    return cls(name=name, **{**preset, **overrides})
+        raise ValueError(f"{base}: unknown option(s) {unknown}; {cls.method} takes {sorted(known)}")
+    typed = {key: coerce(cls, key, value, base) for key, value in overrides.items()}
+    return cls(**{**fields, **preset, **typed, "name": base})
 
 
-def parse_overrides(text: str | None) -> dict:
-    """'group_size=64,token_norm=false' -> {"group_size": 64, "token_norm": False} (CLI helper)."""
+# What a bool option accepts on the command line; nothing else is a bool.
+TRUE, FALSE = ("true", "1", "on"), ("false", "0", "off")
+
+
+def coerce(cls: type[MethodConfig], key: str, value, where: str = ""):
+    """`value` as field `key` of `cls` takes it: text is parsed by the field's declared type (bool: true/false/1/0/
+    on/off; int; float), other values must already have that type. A ValueError names the field, the value
+    and what is allowed."""
+    kind = _field_types(cls)[key]
+    prefix = f"{where or cls.method}: {key}={value!r}"
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower() if isinstance(value, (str, int)) else None
+        if text in TRUE or text in FALSE:
+            return text in TRUE
+        raise ValueError(f"{prefix} is not a boolean; use one of {', '.join(TRUE + FALSE)}")
+    if kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return int(str(value).strip()) if isinstance(value, str) else _refuse()
+        except ValueError:
+            raise ValueError(f"{prefix} is not an integer; {key} takes a whole number") from None
+    if kind == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        try:
+            return float(str(value).strip()) if isinstance(value, str) else _refuse()
+        except ValueError:
+            raise ValueError(f"{prefix} is not a number; {key} takes a decimal number") from None
+    if kind == "str":
+        if isinstance(value, str):
+            return value.strip()
+        raise ValueError(f"{prefix} is not text; {key} takes a name (the method's check lists the allowed ones)")
+    return value
+
+
+def _refuse():
+    raise ValueError
+
+
+def _field_types(cls: type[MethodConfig]) -> dict[str, str]:
+    """Each field's declared type as a name: the configs declare bool, int, float or str (annotations are strings
+    under `from __future__ import annotations`)."""
     out = {}
-    for item in filter(None, (text or "").split(",")):
-        if "=" not in item:
-            raise ValueError(f"override {item!r} must look like key=value")
-        key, value = (s.strip() for s in item.split("=", 1))
-        lowered = value.lower()
-        if lowered in ("true", "false"):
-            out[key] = lowered == "true"
-        else:
-            try:
-                out[key] = int(value)
-            except ValueError:
-                try:
-                    out[key] = float(value)
-                except ValueError:
-                    out[key] = value
+    for f in dataclasses.fields(cls):
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        out[f.name] = kind.split("|")[0].strip()
     return out
+
+
+def parse_overrides(text: str | None) -> dict[str, str]:
+    """'group_size=64,token_norm=false' -> {"group_size": "64", "token_norm": "false"}: the command line's text;
+    get_method parses each value against its field's type."""
+    out = {}
+    for item in filter(None, (x.strip() for x in (text or "").split(","))):
+        key, sep, value = (s.strip() for s in item.partition("="))
+        if not sep or not key:
+            raise ValueError(f"--quant-opts item {item!r} must look like field=value (e.g. group_size=64)")
+        if key in out:
+            raise ValueError(f"--quant-opts sets {key} twice")
+        out[key] = value
+    return out
+
+
+def preset_of(method: MethodConfig) -> MethodConfig | None:
+    """The preset `method` was made from (its name), or None for a name that is not a preset."""
+    return get_method(method.name) if method.name in PRESETS else None
+
+
+def changed_fields(method: MethodConfig) -> dict:
+    """The fields where `method` differs from its preset, in declaration order (all of them for a non-preset)."""
+    preset = preset_of(method)
+    return {f.name: getattr(method, f.name) for f in dataclasses.fields(method)
+            if f.name != "name" and (preset is None or getattr(method, f.name) != getattr(preset, f.name))}
+
+
+def label(method: MethodConfig) -> str:
+    """What ran, as a name for result files and tables: the preset's name when the config equals the preset, else
+    the name with each changed field, e.g. 'oscar+group_size=64' (a name that is not a preset: 'custom-<method>'
+    and every field)."""
+    changed = changed_fields(method)
+    base = method.name if method.name in PRESETS else f"custom-{method.method}"
+    return base + "".join(f"+{k}={_text(v)}" for k, v in changed.items())
+
+
+def _text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,4 +1,4 @@
-"""TurboQuant+ (arXiv 2504.19874 without the QJL stage), 2.5 bits, for K and V alike.
+"""TurboQuant+ (arXiv 2504.19874 without the QJL stage), 2.5 bits at head dim 128, for K and V alike.
 
 Per vector x (one token of one head), TurboQuant stores n = ||x|| (fp16), rotates u = x / n with a fixed random
 orthogonal matrix (y = u @ Pi^T) and quantizes each rotated coordinate to the nearest Lloyd-Max centroid of
@@ -62,7 +62,8 @@ class TurboQuantConfig(MethodConfig):
 
     @property
     def bits(self):
-        """Code bits per element (the fp16 norms add 16 / head_dim per set)."""
+        """Code bits per element, as every method's `bits` (2.25 for the presets). The config cannot know the head dim:
+        the fp16 norms add 16 / head_dim per set, so 2.5 bits per element at 128 with the channel split's two sets."""
         return self.outlier_fraction * self.outlier_bits + (1 - self.outlier_fraction) * self.main_bits
 
     def exact_chunk(self, position):

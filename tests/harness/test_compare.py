@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from tests.harness.test_results_factory import make_result
@@ -22,7 +23,7 @@ def test_same_run_passes_a_strict_gate(tmp_path, capsys):
     a = write(tmp_path, "a", make_result("bf16", A_SCORES, CATS))
     b = write(tmp_path, "b", make_result("oscar", A_SCORES, CATS))
     assert cli(["compare", a, b, "--max-drop", "0"]) == 0
-    assert "gate: ok: drop 0 vs allowed 0" in capsys.readouterr().out
+    assert "gate: ok: B is better or equal by 0, allowed 0" in capsys.readouterr().out
 
 
 def test_regression_fails_the_gate_and_lists_flips(tmp_path, capsys):
@@ -31,7 +32,7 @@ def test_regression_fails_the_gate_and_lists_flips(tmp_path, capsys):
     out_json = tmp_path / "cmp.json"
     assert cli(["compare", a, b, "--max-drop", "0.1", "--json", str(out_json)]) == 1
     out = capsys.readouterr().out
-    assert "FAIL: drop 0.3 vs allowed 0.1" in out
+    assert "FAIL: B is worse by 0.3, allowed 0.1, p = 0.04995" in out
     # 3 discordant pairs all one way: p = 2 * 0.5**3 = 0.25
     assert "A-only right 3, B-only right 0, p=0.25" in out
     assert "flipped items (3):" in out and "item-1 [x] 1 -> 0" in out
@@ -85,7 +86,7 @@ def test_method_names_and_stored_baselines_resolve(tmp_path, monkeypatch, capsys
     for method, scores in (("bf16", A_SCORES), ("kivi", B_SCORES)):
         R.write_result(make_result(method, scores), R.run_path("handmade", "generated", "tiny-model", method))
     R.write_result(make_result("bf16", A_SCORES), "results/baselines/handmade.generated/tiny-model/bf16.json")
-    assert cli(["compare", "bf16", "kivi"]) == 0  # one run dir holds both: found without flags
+    assert cli(["compare", "bf16", "kivi"]) == 1  # one run dir holds both: found without flags; a regression
     assert "bf16 (A) -> kivi (B)" in capsys.readouterr().out
     assert cli(["compare", "baseline:bf16", "kivi", "--max-drop", "0.1"]) == 1
     assert cli(["compare", "bf16", "oscar"]) == 2
@@ -100,7 +101,7 @@ def test_real_task_aggregate_gives_category_deltas(tmp_path, capsys):
     kw = dict(task="ocrbench", metric="total", score_key="score")
     a = write(tmp_path, "a", make_result("bf16", A_SCORES, cats, **kw))
     b = write(tmp_path, "b", make_result("kivi", B_SCORES, cats, **kw))
-    assert cli(["compare", a, b, "--json", str(tmp_path / "c.json")]) == 0
+    assert cli(["compare", a, b, "--json", str(tmp_path / "c.json"), "--max-drop", "3"]) == 0
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["total"]["delta"] == -3
     assert report["categories"]["Regular Text Recognition"]["delta"] == -2  # 4 -> 2 points
@@ -148,3 +149,28 @@ def test_same_method_with_other_settings_is_flagged(tmp_path, capsys):
     a, b = write(tmp_path, "a1", ra), write(tmp_path, "b1", rb)
     assert cli(["compare", a, b]) == 0
     assert "different settings" not in capsys.readouterr().out
+
+
+def test_the_gate_is_on_by_default_and_ignores_noise(tmp_path, capsys):
+    """No flag: a significant drop exits 1; a drop the paired test cannot tell from noise exits 0; --alpha 1 gates on
+    the drop alone."""
+    a = write(tmp_path, "a", make_result("bf16", A_SCORES, CATS))
+    b = write(tmp_path, "b", make_result("kivi", B_SCORES, CATS))
+    assert cli(["compare", a, b]) == 1
+    assert "gate: FAIL: B is worse by 0.3, allowed 0" in capsys.readouterr().out
+    one_flip = list(A_SCORES)
+    one_flip[next(i for i, x in enumerate(one_flip) if x == 1)] = 0
+    c = write(tmp_path, "c", make_result("kivi", one_flip, CATS))
+    assert cli(["compare", a, c]) == 0
+    assert "but not significantly (--alpha)" in capsys.readouterr().out
+    assert cli(["compare", a, c, "--alpha", "1"]) == 1
+    assert cli(["compare", a, c, "--alpha", "0"]) == 2
+
+
+def test_committed_kivi_fails_against_oscar_without_flags(capsys):
+    """The README's gate on the committed SmolLM2 perplexity results: KIVI's higher perplexity is a significant
+    regression from OScaR's, OScaR against itself is not."""
+    runs = R.RUNS_DIR.resolve() if R.RUNS_DIR.is_absolute() else Path(__file__).resolve().parents[2] / R.RUNS_DIR
+    oscar, kivi = (str(runs / "ppl" / "smollm2-135m" / f"{m}.json") for m in ("oscar", "kivi"))
+    assert cli(["compare", oscar, kivi]) == 1
+    assert cli(["compare", oscar, oscar]) == 0

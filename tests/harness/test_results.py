@@ -89,7 +89,7 @@ def test_progress_resumes_and_refuses_other_settings(tmp_path):
         f.write('{"record": {"id": "c", "sco')
     resumed = R.open_progress(path, ident)
     assert resumed.done_ids == {"a", "b"}
-    with pytest.raises(R.ResultFileError, match=r"method: \{'bits': 2\} -> \{'bits': 3\}.*--restart"):
+    with pytest.raises(R.ResultFileError, match=r"method.bits: 2 -> 3.*--restart"):
         R.open_progress(path, {**ident, "method": {"bits": 3}})
     assert R.open_progress(path, {**ident, "method": {"bits": 3}}, restart=True).done_ids == set()
 

@@ -64,7 +64,7 @@ def test_eval_writes_valid_results_and_resumes_after_a_crash(tmp_path, adapter, 
     crashing = CrashingTask(task, crash_at=1)
     with pytest.raises(RuntimeError, match="finished items are kept; rerun to resume"):
         run.evaluate("smollm2-135m", "kivi", task=crashing, limit=3, out=out, adapter=adapter, n_resamples=50)
-    partial = tmp_path / "ppl" / "smollm2-135m" / "kivi.partial.jsonl"
+    partial = tmp_path / "ppl" / "smollm2-135m" / "kivi.first3.partial.jsonl"  # the first 3 windows: a partial run
     kept = [json.loads(line)["record"] for line in partial.read_text().splitlines()[1:]]
     assert [r["id"] for r in kept] == crashing.calls and len(kept) == 1
 
@@ -73,7 +73,7 @@ def test_eval_writes_valid_results_and_resumes_after_a_crash(tmp_path, adapter, 
     assert len(resumed.calls) == 2 and kept[0]["id"] not in resumed.calls  # only the rest ran
     assert result["samples"][0] == kept[0]  # the first session's record, untouched
     assert not partial.exists()
-    assert R.read_result(tmp_path / "ppl" / "smollm2-135m" / "kivi.json") == result
+    assert R.read_result(tmp_path / "ppl" / "smollm2-135m" / "kivi.first3.json") == result
     # perplexity = exp(sum nll / sum scored tokens) over all three windows, both sessions together
     nll = sum(s["scores"]["nll_sum"] for s in result["samples"])
     assert result["metrics"]["ppl"]["value"] == pytest.approx(math.exp(nll / (3 * task.continuation)))

@@ -29,3 +29,39 @@ def test_no_gpu_is_said_and_a_failed_build_is_reported_with_its_log(capsys):
     assert build.build_all(["64:3"], layers=False, timeout=120) == 1
     out = capsys.readouterr().out
     assert "64:3  FAILED (exit 1)" in out and "Torch not compiled with CUDA" in out and "0 of 1 builds ready" in out
+
+
+def test_a_build_not_in_the_cache_is_announced_once_built_it_is_not(tmp_path, monkeypatch, capsys):
+    # No nvcc here: torch's loader is replaced by one that writes the library where it would, as a build does.
+    monkeypatch.setenv("OSCAR_KERNEL_CACHE", str(tmp_path))
+    loads = []
+
+    def fake_load(name, build_directory, **kwargs):
+        loads.append(name)
+        (tmp_path / name / f"{name}.so").write_bytes(b"")
+        return name
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", fake_load)
+    name = cuda.load.__wrapped__(128, arch="90a")  # past the lru_cache: each call is a process's first
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"building the CUDA decode and pack kernels for head dim 128 ({name})" in err
+    assert "about a minute, once" in err and str(tmp_path) in err
+    assert cuda.load.__wrapped__(128, arch="90a") == name and capsys.readouterr().err == ""
+    layers = cuda.load_layers.__wrapped__(arch="90a")
+    assert "building the CUDA layer kernels" in capsys.readouterr().err and cuda.is_built(layers)
+    assert loads == [name, name, layers]  # torch's loader still runs: it reuses the build, with no nvcc
+
+
+def test_the_parallel_build_names_only_what_is_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("OSCAR_KERNEL_CACHE", str(tmp_path))
+    specs = ["128:3:4", "64:1:8", "layers"]
+    assert build.build_name("layers", "90a") == cuda.layers_name("90a")
+    assert build.build_name("64:1:8", "90a") == cuda.specialization_name(64, "90a", 1, 8)
+    notice = build.build_notice(specs, "90a")
+    assert notice.startswith("building 128:3:4, 64:1:8, layers for sm_90a with nvcc") and str(tmp_path) in notice
+    for spec in specs[:2]:
+        name = build.build_name(spec, "90a")
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.so").write_bytes(b"")
+    assert build.build_notice(specs, "90a").startswith("building layers for sm_90a")
+    assert build.build_notice(specs[:2], "90a") is None

@@ -76,3 +76,15 @@ def test_checkout_without_cutlass_is_reported(tmp_path):
         peers.OfficialOScaR(tmp_path)
     with pytest.raises(peers.PeerUnavailable, match="not a KIVI checkout"):
         peers.Kivi(tmp_path)
+
+
+def test_an_eager_peer_is_marked_not_like_for_like():
+    text = peers.format_section(result())
+    assert peers.EAGER_NOTE in text  # below the times: what (eager) means and why it does not compare
+    kivi = next(line for line in text.splitlines() if line.startswith("| KIVI |"))
+    assert kivi.startswith(f"| KIVI | 876b4d2 | 3.000 | 0.330 | **{peers.EAGER_MARK}**; 128-token fp16 window")
+    assert peers.EAGER_MARK not in next(line for line in text.splitlines() if line.startswith("| OScaR official |"))
+    graphed = result()
+    graphed["points"][0]["kivi"]["mode"] = "graph"
+    assert peers.EAGER_NOTE not in peers.format_section(graphed)
+    assert peers.EAGER_MARK not in peers.format_section(graphed)

@@ -323,7 +323,49 @@ def test_presets_and_overrides():
     assert (m.group_size, m.residual_length, m.bits) == (64, 256, 2)
     assert quant.get_method("oscar").to_dict()["method"] == "oscar"
     assert quant.parse_overrides("group_size=64,token_norm=false,clip_ratio=0.9") == {
-        "group_size": 64, "token_norm": False, "clip_ratio": 0.9}
+        "group_size": "64", "token_norm": "false", "clip_ratio": "0.9"}  # text; get_method types it
+
+
+@pytest.mark.parametrize("text, fields", [
+    ("group_size=64,token_norm=off", {"group_size": 64, "token_norm": False}),
+    ("token_norm=0,rotation=none", {"token_norm": False, "rotation": "none"}),
+    ("token_norm=ON,residual_length=256", {"token_norm": True, "residual_length": 256}),
+])
+def test_command_line_overrides_are_typed_by_the_field(text, fields):
+    m = quant.get_method("oscar", **quant.parse_overrides(text))
+    assert {k: getattr(m, k) for k in fields} == fields
+    assert all(type(getattr(m, k)) is type(v) for k, v in fields.items())
+
+
+@pytest.mark.parametrize("name, text, words", [
+    ("oscar", "token_norm=no", "oscar: token_norm='no' is not a boolean; use one of true, 1, on, false, 0, off"),
+    ("oscar", "token_norm=maybe", "token_norm='maybe' is not a boolean"),
+    ("oscar", "group_size=abc", "oscar: group_size='abc' is not an integer"),
+    ("oscar", "group_size=64.5", "group_size='64.5' is not an integer"),
+    ("quarot", "clip_ratio=high", "quarot: clip_ratio='high' is not a number"),
+    ("oscar", "rotation=random", "oscar.rotation must be 'hadamard' or 'none', got 'random'"),
+    ("oscar", "colour=red", "oscar: unknown option(s) ['colour']; oscar takes ["),
+    ("oscar", "group_size", "--quant-opts item 'group_size' must look like field=value"),
+])
+def test_bad_override_values_name_the_field_the_value_and_what_is_allowed(name, text, words):
+    with pytest.raises(ValueError) as err:
+        quant.get_method(name, **quant.parse_overrides(text))
+    assert words in str(err.value)
+
+
+def test_python_api_refuses_a_value_of_the_wrong_type():
+    with pytest.raises(ValueError, match="token_norm='no' is not a boolean"):
+        quant.get_method("oscar", token_norm="no")
+    assert quant.get_method("oscar", token_norm="off").token_norm is False
+
+
+def test_label_names_what_ran():
+    from quant.methods import label
+
+    assert label(quant.get_method("oscar")) == "oscar"
+    assert label(quant.get_method("oscar", group_size=32)) == "oscar"  # the preset's own value: still the preset
+    assert label(quant.get_method("oscar", group_size=64, token_norm=False)) == "oscar+group_size=64+token_norm=false"
+    assert label(quant.get_method("kivi-own-paper")) == "kivi-own-paper"
 
 
 def test_paper_comparison_and_own_paper_presets_never_share_a_name():

@@ -1,0 +1,211 @@
+"""Which code computed a result, and whether a result still matches the code and presets of this checkout.
+
+A result records a digest of each part of the code it ran (`code_parts`): the method (its module, the cache it runs
+in and what they import), the task, and the model path (the adapter and the eval loop), plus the kernels where a
+kernel backend ran.
+A digest covers the module's syntax tree without docstrings, so comments, docstrings and formatting do not count, and
+every module it imports at module level inside this project, transitively. `stale_reasons` compares a result with
+the checkout: its config against its preset, its task version, each code part; `oscar-eval eval` reruns a stale
+result, `oscar-eval list` and the leaderboard mark it.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ("harness", "quant", "tasks")
+# The eval loop every model path goes through (batching, seeding, what a record holds).
+LOOP = "harness.run"
+# The machinery every method runs inside: the cache that holds its layers, the weight folding, the attention
+# function transformers calls (quant.kernels.hf_decode: the torch reference on the CPU, a kernel on a GPU).
+CACHE = ("quant.cache", "quant.fold", "quant.attention", "quant.kernels.hf_decode")
+# Kernel backends: their Python side and the CUDA sources they build.
+KERNELS = "quant.kernels"
+
+
+@lru_cache(maxsize=None)
+def _package_root(package: str) -> Path | None:
+    """The folder of a top-level package of the project, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
+
+
+def module_file(name: str) -> Path | None:
+    """The source file of a project module (a package's __init__.py), or None for anything else."""
+    parts = name.split(".")
+    root = _package_root(parts[0]) if parts[0] in PACKAGES else None
+    if root is None:
+        return None
+    base = root.joinpath(*parts[1:])
+    for path in (base / "__init__.py", base.with_suffix(".py")):
+        if path.is_file():
+            return path
+    return None
+
+
+def _module_level(body: list[ast.stmt]):
+    """The statements that run at import time: the body, with `if` / `try` blocks opened, functions and classes
+    not (their imports run when called, mostly optional or heavy parts)."""
+    for node in body:
+        yield node
+        if isinstance(node, (ast.If, ast.Try)):
+            for block in (node.body, node.orelse, getattr(node, "finalbody", []),
+                          *(h.body for h in getattr(node, "handlers", []))):
+                yield from _module_level(block)
+
+
+def imports_of(name: str, path: Path) -> set[str]:
+    """The project modules `name` (at `path`) imports at module level: `from a import b` counts as a.b when that
+    is a module, else as a."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in _module_level(ast.parse(path.read_text(encoding="utf-8")).body):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            subs = [f"{base}.{a.name}" for a in node.names if module_file(f"{base}.{a.name}")]
+            out.update(subs or [base])
+            if len(subs) < len(node.names):
+                out.add(base)
+    return {m for m in out if m.split(".")[0] in PACKAGES and module_file(m)}
+
+
+def closure(roots: list[str]) -> dict[str, Path]:
+    """{module: file} of `roots` and every project module they import at module level, transitively."""
+    seen: dict[str, Path] = {}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        path = module_file(name)
+        if path is None or name in seen:
+            continue
+        seen[name] = path
+        todo.extend(imports_of(name, path))
+    return dict(sorted(seen.items()))
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def _canonical(node: Any) -> str:
+    """The tree as text: node types and non-empty fields only, so the same code reads the same under Python versions
+    that add fields (type parameters) or print defaults differently; positions and comments are not in the tree."""
+    if isinstance(node, ast.AST):
+        fields = [(k, v) for k, v in ast.iter_fields(node) if v not in (None, []) and k != "ctx"]
+        return type(node).__name__ + "(" + ",".join(f"{k}={_canonical(v)}" for k, v in fields) + ")"
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(v) for v in node) + "]"
+    return repr(node)
+
+
+@lru_cache(maxsize=None)
+def _file_digest(path: Path, mtime_ns: int) -> str:
+    if path.suffix == ".py":
+        text = _canonical(_strip_docstrings(ast.parse(path.read_text(encoding="utf-8"))))
+        return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def digest(files: dict[str, Path]) -> str:
+    """One digest over the named files (name and content digest of each, in name order)."""
+    h = hashlib.sha256()
+    for name, path in sorted(files.items()):
+        h.update(f"{name}\0{_file_digest(path, path.stat().st_mtime_ns)}\n".encode())
+    return "sha256:" + h.hexdigest()[:16]
+
+
+def kernel_files() -> dict[str, Path]:
+    """The kernel backends' Python modules and the CUDA sources they compile."""
+    root = module_file(KERNELS)
+    files = closure([f"{KERNELS}.{p.stem}" for p in sorted(root.parent.glob("*.py"))]) if root else {}
+    csrc = _package_root("quant")
+    for folder in ([csrc / "csrc"] if csrc and (csrc / "csrc").is_dir() else []) + [Path(__file__).parents[1] / "csrc"]:
+        if folder.is_dir():
+            files.update({f"csrc/{p.relative_to(folder)}": p for p in sorted(folder.rglob("*"))
+                          if p.suffix in (".cu", ".cuh", ".h", ".cpp")})
+            break
+    return files
+
+
+def code_parts(method_module: str, task_module: str, model_module: str, backend: str = "torch",
+               random_weights: bool = False) -> dict[str, str]:
+    """{part: digest} of the code a run goes through: the method, the task, the model path (the adapter, the builder
+    of random weights where used, the eval loop) and, on a kernel backend, the kernels."""
+    model_roots = [model_module, LOOP] + (["harness.models.shaped"] if random_weights else [])
+    parts = {"method": digest(closure([method_module, *CACHE])), "task": digest(closure([task_module])),
+             "model": digest(closure(model_roots))}
+    if backend != "torch":
+        parts["kernels"] = digest(kernel_files())
+    return parts
+
+
+def parts_for(method: Any, task: Any, adapter: Any, backend: str, weights: str = "real") -> dict[str, str]:
+    """code_parts of a run from its objects."""
+    return code_parts(type(method).__module__, type(task).__module__, type(adapter).__module__, backend,
+                      random_weights=weights == "random")
+
+
+def current_parts(result: dict[str, Any]) -> dict[str, str] | None:
+    """code_parts as this checkout would record them for `result`'s run; None when its method, task or model is not
+    registered here."""
+    from harness import models as M
+    from quant.methods import METHODS
+    import tasks as T
+
+    config, model = result["method"]["config"], result["model"]
+    cls = METHODS.get(config.get("method"))
+    task = T.TASKS.get(result["task"]["name"])
+    spec = M.MODELS.get(model["name"])
+    if cls is None or task is None or spec is None:
+        return None
+    random = model.get("weights") == "random" and not model.get("replica")
+    return code_parts(cls.__module__, task.split(":")[0], spec.adapter.split(":")[0], result["backend"], random)
+
+
+def stale_reasons(result: dict[str, Any]) -> list[str]:
+    """Why `result` is not what this checkout computes for its run: its config differs from the preset it is named
+    after, its task version or a code part changed, or it records no code. Empty when up to date."""
+    from quant.methods import PRESETS, get_method
+    from harness import results as R
+
+    reasons = []
+    name, config = result["method"].get("preset", result["method"]["name"]), result["method"]["config"]
+    if name in PRESETS:
+        now = R.jsonable(get_method(name).to_dict())
+        diff = [f"{k} {config.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(config) | set(now))
+                if config.get(k) != now.get(k)]
+        if diff:
+            reasons.append(f"config differs from the preset {name} now ({', '.join(diff)})")
+    try:
+        import tasks as T
+
+        version = int(T.get_task(result["task"]["name"]).version)
+        if version != result["task"]["version"]:
+            reasons.append(f"task version {result['task']['version']} -> {version}")
+    except (KeyError, ImportError):
+        pass
+    recorded, now = result.get("code"), current_parts(result)
+    commit = (result["environment"].get("git_commit") or "?")[:8]
+    if recorded is None:
+        reasons.append(f"records no code fingerprint (ran at {commit})")
+    elif now is not None:
+        changed = [part for part in sorted(set(recorded) | set(now)) if recorded.get(part) != now.get(part)]
+        if changed:
+            reasons.append(f"{', '.join(changed)} code changed since {commit}")
+    return reasons

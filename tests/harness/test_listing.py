@@ -1,0 +1,23 @@
+"""`oscar-eval list methods`: every preset, with the groups `--quant` takes it in and what its bits mean."""
+from __future__ import annotations
+
+import argparse
+
+import quant
+from harness import listing
+from quant.methods import GROUPS, PRESETS
+
+
+def test_methods_lists_every_preset_with_its_groups():
+    lines = listing.list_methods(argparse.Namespace())
+    assert lines[0].split() == ["name", "group", "code", "bits", "family"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:-1]}
+    assert list(rows) == list(PRESETS)  # the own-paper presets and the variants too, not only `all`
+    for name, (groups, bits, family) in rows.items():
+        assert groups.split(",") == [g for g in GROUPS if name in GROUPS[g]]
+        assert family == quant.get_method(name).method
+    assert rows["bf16"][0] == "all,own-paper" and rows["kivi-own-paper"][0] == "own-paper"
+    assert rows["oscar-float-zero"][0] == "variants"
+    # code bits, and the last line says so: TurboQuant+'s 2.25 is 2.5 bits per element at head dim 128
+    assert rows["turboquant"][1] == "2.25" and lines[-1] == listing.CODE_BITS_NOTE
+    assert "2.5 bits per element at head dim 128" in lines[-1]
