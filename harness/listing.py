@@ -68,12 +68,25 @@ def list_tasks(args) -> list[str]:
 
 
 def list_runs(args) -> list[str]:
-    rows = []
-    for path in R.find_results(Path(args.runs_dir)):
+    """Every result with its primary metric and whether it is what this checkout computes (harness/provenance.py);
+    then progress files of runs that did not finish."""
+    from harness import provenance
+
+    rows, stale = [], []
+    root = Path(args.runs_dir)
+    for path in R.find_results(root):
         r = R.read_result(path)
         m = r["metrics"][r["primary_metric"]]
-        rows.append((str(path), r["primary_metric"], R.number(m["value"]), m["n"], r["date"]))
-    return _columns(rows, ("file", "metric", "value", "n", "date"))
+        reasons = provenance.stale_reasons(r)
+        rows.append((str(path), r["primary_metric"], R.number(m["value"]), m["n"], r["date"],
+                     "stale" if reasons else "current"))
+        stale += [f"{path}: {'; '.join(reasons)}"] if reasons else []
+    lines = _columns(rows, ("file", "metric", "value", "n", "date", "status"))
+    lines += [f"stale (`oscar-eval eval ... --force` reruns one): {len(stale)} of {len(rows)}"] + stale if stale else []
+    unfinished = sorted(root.rglob("*.partial.jsonl")) if root.exists() else []
+    lines += [f"unfinished: {p} ({R.progress_count(p)} items recorded; rerun its command to resume, or delete it)"
+              for p in unfinished]
+    return lines
 
 
 def _columns(rows, header) -> list[str]:

@@ -178,20 +178,31 @@ def current_parts(result: dict[str, Any]) -> dict[str, str] | None:
     return code_parts(cls.__module__, task.split(":")[0], spec.adapter.split(":")[0], result["backend"], random)
 
 
-def stale_reasons(result: dict[str, Any]) -> list[str]:
-    """Why `result` is not what this checkout computes for its run: its config differs from the preset it is named
-    after, its task version or a code part changed, or it records no code. Empty when up to date."""
+def preset_drift(result: dict[str, Any]) -> str | None:
+    """How a result named after a preset differs from what its name means now: the preset as defined now, plus the
+    fields its name says were changed (quant.methods.label, e.g. oscar+group_size=64). A field the config lacks (a
+    setting added since it ran) differs too. None when they are the same."""
     from quant.methods import PRESETS, get_method
     from harness import results as R
 
-    reasons = []
-    name, config = result["method"].get("preset", result["method"]["name"]), result["method"]["config"]
-    if name in PRESETS:
-        now = R.jsonable(get_method(name).to_dict())
-        diff = [f"{k} {config.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(config) | set(now))
-                if config.get(k) != now.get(k)]
-        if diff:
-            reasons.append(f"config differs from the preset {name} now ({', '.join(diff)})")
+    method = result["method"]
+    preset, config = method.get("preset", method["name"]), method["config"]
+    if preset not in PRESETS:
+        return None
+    changes = dict(part.split("=", 1) for part in method["name"].split("+")[1:] if "=" in part)
+    try:
+        now = R.jsonable(get_method(preset, **changes).to_dict())
+    except (ValueError, TypeError) as err:
+        return f"its name {method['name']!r} no longer makes a {preset} config ({err})"
+    diff = [f"{k} {config.get(k, 'absent')!r} -> {now.get(k, 'absent')!r}" for k in sorted(set(config) | set(now))
+            if config.get(k, "absent") != now.get(k, "absent")]
+    return f"config differs from {method['name']} now ({', '.join(diff)})" if diff else None
+
+
+def stale_reasons(result: dict[str, Any]) -> list[str]:
+    """Why `result` is not what this checkout computes for its run: its config differs from the preset it is named
+    after, its task version or a code part changed, or it records no code. Empty when up to date."""
+    reasons = [drift] if (drift := preset_drift(result)) else []
     try:
         import tasks as T
 

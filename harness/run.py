@@ -149,6 +149,10 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     kernels = kernels or KernelOptions()
     if backend:
         kernels = kernels.replace(backend=backend)
+    if adapter is None:  # missing weights are named before anything else (the data, a judge) is looked at
+        from harness import models as M
+
+        M.check_weights(spec.name, model_path, weights)
     items, n_total = D.main_first(ranks, lambda: load_items(task_obj, data, limit))  # rank 0 builds generated sets
     if adapter is None:
         from harness import models as M
@@ -159,6 +163,7 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
         adapter.kernels = kernels
     model_info = R.model_info(adapter)
     task_obj = scoring_for(task_obj, model_info)
+    getattr(task_obj, "check_ready", lambda: None)()  # the task's own models (a judge), before the first item
     # record what will actually run: kernels on a GPU, the torch reference elsewhere
     model_device = next(adapter.model.parameters()).device
     backend = kernels.backend_for(model_device)
@@ -395,7 +400,7 @@ def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resa
         "environment": R.environment(ctx.kernels),
         "code": ctx.code or {},
         "n_errors": sum(1 for r in records if "error" in r),
-        "notes": R.notes(ctx.model_info, ctx.data),
+        "notes": R.notes(ctx.model_info, ctx.data) + list(getattr(ctx.task, "notes", lambda: [])()),
     }
 
 

@@ -13,6 +13,10 @@ class TaskDataError(RuntimeError):
     """The task's data could not be found or read; the message names the item or path and the fix."""
 
 
+class TaskNotReady(RuntimeError):
+    """Something the task scores with (a judge, an embedder) is missing; the message names it and the fix."""
+
+
 class Task(Protocol):
     name: str
     version: int  # bumped whenever the prompt or the metric changes
@@ -31,6 +35,16 @@ class Task(Protocol):
 
     def data_fingerprint(self, items: list[dict[str, Any]]) -> str:
         """A hash that changes when the items change."""
+
+    def check_ready(self) -> None:
+        """Called by the eval loop once before the first item. Raises TaskNotReady naming what is missing and
+        how to fix it, so a scorer that cannot load stops the run before any item, not at the first item that
+        needs it; cheap when all is there (it loads nothing heavy twice). Default: nothing to check."""
+
+    def notes(self) -> list[str]:
+        """Lines the result file carries about how this run's numbers may be read (e.g. a stand-in scorer: a
+        pipeline check, not a score). Default: none."""
+        return []
 
 
 # What each model family's adapter reads (harness.models: their build_inputs refuse anything else).

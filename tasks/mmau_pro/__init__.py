@@ -5,9 +5,11 @@ Prompt: the question; for closed-form items (more than one choice) followed by a
 choices as "A. ...", one per line (the layout NeMo-Skills' MMAU-Pro preparation uses; the official
 repo ships no inference prompt). Every clip goes with it as 16 kHz mono float32. Greedy decoding,
 at most 128 new tokens. The embedder and the judge are chosen with MMAU_PRO_EMBEDDER /
-MMAU_PRO_JUDGE (or `MMAUProTask(judge=..., embedder=...)`), loaded on first use, and named in every
-scored record. An item whose audio or generation fails keeps its error and is scored as the official
-script scores a missing answer; closed items with fewer than two choices are left out, as officially.
+MMAU_PRO_JUDGE (or `MMAUProTask(judge=..., embedder=...)`), checked before the first item
+(check_ready), loaded on first use, and named in every scored record; with a judge other than the
+official one the result's notes call the open-ended numbers a pipeline check. An item whose audio or
+generation fails keeps its error and is scored as the official script scores a missing answer; closed
+items with fewer than two choices are left out, as officially.
 VERSION is bumped whenever the prompt or the metric changes.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tasks.base import TaskDataError
+from tasks.base import TaskDataError, TaskNotReady
 from tasks.mmau_pro import aif, score
 from tasks.mmau_pro import data as mmau_data
 from tasks.mmau_pro import embed, judge
@@ -77,6 +79,36 @@ class MMAUProTask:
         from harness.models.base import Prompt
 
         return Prompt(text=prompt_text(item), audios=mmau_data.load_clips(item))
+
+    def judge_name(self) -> str:
+        """The judge this task runs: the constructor's, else $MMAU_PRO_JUDGE, else the official one."""
+        return self.judge_spec or os.environ.get(judge.ENV) or judge.OFFICIAL
+
+    def check_ready(self) -> None:
+        """TaskNotReady naming $MMAU_PRO_JUDGE / $MMAU_PRO_EMBEDDER and the fix when a scorer this run needs cannot
+        load, before any item runs (loaded on first use, a missing judge only showed at the first open-ended item).
+        Checks files and configs, loads no weights; nothing when model_scoring is off (no judge or embedder runs)."""
+        if not self.model_scoring:
+            return
+        problems = []
+        for loaded, check, spec in ((self._judge, judge.check_judge, self.judge_spec),
+                                    (self._embedder, embed.check_embedder, self.embedder_spec)):
+            if loaded is None:
+                try:
+                    check(spec)
+                except RuntimeError as exc:
+                    problems.append(str(exc))
+        if problems:
+            raise TaskNotReady(f"{self.name} scores open-ended items with a judge and closed ones with an embedder, "
+                               f"and cannot load them:\n" + "\n".join(f"- {p}" for p in problems))
+
+    def notes(self) -> list[str]:
+        """A stand-in judge (SmolLM2 on the generated set, any non-official LM) rates open-ended answers in ways no
+        official number compares with (SmolLM2-135M gives byte-garbage answers open-ended 60): say so."""
+        name = self.judge_name()
+        if not self.model_scoring or judge.is_official(name):
+            return []
+        return [f"open-ended items judged by {name}, not the official {judge.OFFICIAL}: a pipeline check, not a score"]
 
     def get_embedder(self) -> embed.Embedder:
         if self._embedder is None:
@@ -174,7 +206,7 @@ class MMAUProTask:
         actually used are in each record's "scorer" and in aggregate()["scorers"])."""
         settings = {"prompt": "question + lettered choices", "decoding": "greedy", "model_scoring": self.model_scoring,
                     "max_new_tokens": self.max_new_tokens,
-                    "judge": self.judge_spec or os.environ.get(judge.ENV) or judge.OFFICIAL,
+                    "judge": self.judge_name(), "judge_official": judge.is_official(self.judge_name()),
                     "judge_max_new_tokens": self.judge_max_new_tokens, "judge_seed": self.judge_seed,
                     "judge_temperature": judge.TEMPERATURE,
                     "embedder": self.embedder_spec or os.environ.get(embed.ENV) or embed.MINILM,

