@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 SUBCOMMANDS = {
     "eval": ("harness.run", "run a task on a model with a quantized KV cache and write a result JSON"),
@@ -21,6 +22,9 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    # transformers 5.24+ warns on every forward that takes `past_key_values` that 5.40 drops it; pyproject.toml pins
+    # transformers below 5.40, so the warning says nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
     parser = argparse.ArgumentParser(prog="oscar-eval", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}

@@ -153,6 +153,10 @@ def check_compatible(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         keys = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
         diff = ", ".join(f"{k} {ca.get(k)!r} vs {cb.get(k)!r}" for k in keys)
         warnings.append(f"{a['method']['name']} ran with different settings ({diff})")
+    where = [processor(r) for r in (a, b)]
+    if where[0] != where[1]:  # oneDNN / cuBLAS pick other kernels per processor: last bits move, 2-bit codes flip
+        warnings.append(f"ran on different processors ({where[0]} vs {where[1]}): the same code and config give "
+                        "other last bits there, which a 2-bit cache can amplify")
     ka, kb = a["environment"].get("kernels"), b["environment"].get("kernels")  # absent in older result files
     gpus = a["environment"].get("gpu") or b["environment"].get("gpu")
     ka, kb = ({**ABSENT_MEANS, **k} if k is not None else None for k in (ka, kb))
@@ -162,6 +166,13 @@ def check_compatible(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         diff = ", ".join(f"{k} {ka.get(k)} vs {kb.get(k)}" for k in differ)
         warnings.append(f"different model-level kernels on the GPU ({diff}): scores can differ in the last bits")
     return warnings
+
+
+def processor(result: dict[str, Any]) -> str | None:
+    """The processor that computed a result: its GPU when it ran on one, else its CPU."""
+    env = result["environment"]
+    on_gpu = str(result["system"].get("device", "")).startswith("cuda")
+    return env.get("gpu") if on_gpu else env.get("cpu")
 
 
 # ---------------------------------------------------------------- the comparison

@@ -52,7 +52,8 @@ def add_arguments(p) -> None:
     p.add_argument("--generate-contexts", default=GENERATE_CONTEXTS,
                    help="prompt lengths for the generate benchmark (make eval's path)")
     p.add_argument("--generate-tokens", type=int, default=256, help="new tokens per generate call")
-    p.add_argument("--out", default=None, help="JSON path (default results/bench/bench-<time>.json)")
+    p.add_argument("--out", default=None, help="JSON path (default results/bench/runs/bench-<time>.json, git-ignored; "
+                   "the reference of a GPU kind is results/bench/<gpu-kind>.json)")
     p.add_argument("--against", default=None, help="an older bench JSON of the same GPU: after the run, report the "
                    "changes and exit 1 on a slowdown beyond --max-slowdown (oscar-eval bench-check)")
     p.add_argument("--max-slowdown", default="5%", help="with --against: tolerated slowdown per point")
@@ -503,7 +504,7 @@ def main(args) -> int:
 
         return run_peers(args)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(args.out or f"results/bench/bench-{stamp}.json")
+    out = Path(args.out or f"results/bench/runs/bench-{stamp}.json")
     result = {"date": stamp, "environment": environment(bench_kernels(args)), "copy_bandwidth_Bps": copy_bandwidth()}
     print(f"{result['environment']['device']}: copy {result['copy_bandwidth_Bps'] / 1e12:.2f} TB/s", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -174,3 +174,11 @@ def test_committed_kivi_fails_against_oscar_without_flags(capsys):
     oscar, kivi = (str(runs / "ppl" / "smollm2-135m" / f"{m}.json") for m in ("oscar", "kivi"))
     assert cli(["compare", oscar, kivi]) == 1
     assert cli(["compare", oscar, oscar]) == 0
+
+
+def test_runs_on_other_processors_are_flagged(tmp_path, capsys):
+    ra, rb = make_result("oscar", A_SCORES, CATS), make_result("oscar", A_SCORES, CATS)
+    ra["environment"]["cpu"], rb["environment"]["cpu"] = "AMD EPYC x2", "Intel(R) Xeon(R) Processor x2"
+    a, b = write(tmp_path, "a", ra), write(tmp_path, "b", rb)
+    assert cli(["compare", a, b]) == 0  # a warning, not a failure
+    assert "ran on different processors (AMD EPYC x2 vs Intel(R) Xeon(R) Processor x2)" in capsys.readouterr().out

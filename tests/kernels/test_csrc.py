@@ -2,9 +2,17 @@
 float64 oracle (decode: within 2x the error of a bf16 torch implementation) and the reference packer."""
 from __future__ import annotations
 
+import ast
 import functools
+import hashlib
+import json
+import os
+import re
 import shutil
 import subprocess
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,23 +23,75 @@ from quant.methods.oscar import OScaRConfig, pack_block
 from quant.primitives import hadamard
 
 NVCC = shutil.which("nvcc")
+# A cold sm_90a compile of csrc/compile_check.cu takes one to two minutes alone and ran past 300 s on two loaded cores
+# (make test): the limit is generous, and each compile is kept (nvcc_compile) so that it runs once per change of the
+# sources, flags or nvcc.
+NVCC_TIMEOUT_S = 900
+SM90A = ["-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v"]  # -v: ptxas reports each kernel
+
+
+def nvcc_compile(tag: str, source: str, flags: list[str], tmp_path: Path) -> tuple[Path, str]:
+    """Compile `source` (a .cu file's text, its #includes relative to csrc/) with nvcc and `flags` -> (the object,
+    nvcc's stderr: ptxas -v's report). A compile that succeeded is kept in `kcuda.cache_dir()`/nvcc-checks under a
+    hash of the source, every csrc/include file, the flags and nvcc's version, and reused from there: a second run
+    costs nothing. Says (print: pytest -s or -rP) how long the compile took or that it was reused."""
+    version = subprocess.run([NVCC, "--version"], capture_output=True, text=True, timeout=60).stdout
+    h = hashlib.sha256("\0".join([NVCC, version, *flags, source]).encode())
+    for header in sorted((kcuda.CSRC / "include").rglob("*")):
+        if header.is_file():
+            h.update(str(header.relative_to(kcuda.CSRC)).encode() + b"\0" + header.read_bytes())
+    root = kcuda.cache_dir() / "nvcc-checks"
+    entry = root / f"{tag}_{h.hexdigest()[:16]}"
+    obj, log, meta = entry / f"{tag}.o", entry / "nvcc.stderr", entry / "meta.json"
+    if obj.is_file() and log.is_file() and meta.is_file():
+        seconds = json.loads(meta.read_text())["seconds"]
+        print(f"nvcc {tag}: reused from {entry} (compiled in {seconds:.1f} s)")
+        return obj, log.read_text()
+    try:  # compile into a folder of the cache, renamed into place once complete (another run may race this one)
+        root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{tag}_", dir=root))
+        work.chmod(0o755)
+    except OSError:  # a read-only cache: compile where the test writes, keep nothing
+        work, entry = tmp_path / "nvcc", None
+        work.mkdir()
+    (work / f"{tag}.cu").write_text(source)
+    cmd = [NVCC, *flags, "-I", str(kcuda.CSRC), "-c", str(work / f"{tag}.cu"), "-o", str(work / f"{tag}.o")]
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(work, ignore_errors=True)
+        pytest.fail(f"nvcc {tag} ran past {NVCC_TIMEOUT_S} s (load average {os.getloadavg()[0]:.1f} on "
+                    f"{os.cpu_count()} cores): {' '.join(cmd)}")
+    seconds = time.monotonic() - t0
+    print(f"nvcc {tag}: compiled in {seconds:.1f} s (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+          f"cores){f', kept in {entry}' if entry and res.returncode == 0 else ''}")
+    if res.returncode != 0 and entry is not None:
+        shutil.rmtree(work, ignore_errors=True)  # a failure is not kept: the next run compiles again
+    assert res.returncode == 0, f"nvcc {tag} failed:\n{res.stderr[-4000:]}"
+    if entry is None:
+        return work / f"{tag}.o", res.stderr
+    (work / "nvcc.stderr").write_text(res.stderr)
+    (work / "meta.json").write_text(json.dumps({"seconds": round(seconds, 1), "cmd": cmd}))
+    try:
+        os.rename(work, entry)
+    except OSError:  # another run kept the same compile first
+        shutil.rmtree(work, ignore_errors=True)
+    return obj, res.stderr
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: install the CUDA toolkit to compile csrc/")
 def test_sources_compile_for_sm90a(tmp_path):
     # Every kernel specialization, torch-free, for Hopper's arch-specific target; no local-memory spills
     # beyond the decode kernel's small stack (reported by ptxas) would be a regression to look at.
-    cmd = [NVCC, "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-c",
-           str(kcuda.CSRC / "compile_check.cu"), "-o", str(tmp_path / "check.o")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-4000:]
-    assert (tmp_path / "check.o").stat().st_size > 0
+    obj, stderr = nvcc_compile("compile_check", (kcuda.CSRC / "compile_check.cu").read_text(), SM90A, tmp_path)
+    assert obj.is_file() and obj.stat().st_size > 0, stderr[-4000:]
     for kernel in ("decode_split_kernel", "pack_kernel", "gemv_kernel"):
-        assert kernel in res.stderr, f"{kernel} was not compiled"
+        assert kernel in stderr, f"{kernel} was not compiled"
     # No STB_GNU_UNIQUE symbols: one would be shared by every build loaded in a process (narrow and WIDE decode), so a
     # launch's one-time setup done by one build would be skipped by the other (seen on an H100)
     if shutil.which("nm"):
-        syms = subprocess.run(["nm", "-C", str(tmp_path / "check.o")], capture_output=True, text=True).stdout
+        syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True).stdout
         unique = [line for line in syms.splitlines() if line.split()[-2:-1] == ["u"] or " u " in line]
         assert not unique, "\n".join(unique[:5])
 
@@ -40,18 +100,101 @@ def test_sources_compile_for_sm90a(tmp_path):
 def test_wide_decode_compiles_without_spills(tmp_path):
     # The WIDE build (8-warp CTAs, one an SM: quant/kernels/cuda.py) of the decode kernels, both head dims and both
     # window dtypes; its register budget (255 a thread) holds the two-tile kernels without local memory.
-    src = tmp_path / "wide.cu"
-    src.write_text('#include "include/oscar_decode.cuh"\n' + "".join(
+    src = '#include "include/oscar_decode.cuh"\n' + "".join(
         f"template cudaError_t oscar::launch_decode<{d}, {t}>(const oscar::DecodeParams&, int, cudaStream_t);\n"
-        for d in (64, 128) for t in ("__half", "__nv_bfloat16")))
+        for d in (64, 128) for t in ("__half", "__nv_bfloat16"))
     flags = kcuda.build_flags(128, "90a", *kcuda.WIDE)
     assert "-DOSCAR_WARPS=8" in flags and "-DOSCAR_MIN_BLOCKS=1" in flags
-    cmd = [NVCC, "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-DOSCAR_WARPS=8",
-           "-DOSCAR_MIN_BLOCKS=1", "-I", str(kcuda.CSRC), "-Xptxas", "-v", "-c", str(src), "-o", str(tmp_path / "w.o")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-4000:]
-    spills = [line for line in res.stderr.splitlines() if "spill stores" in line]
+    obj, stderr = nvcc_compile("wide_decode", src, [*SM90A, "-DOSCAR_WARPS=8", "-DOSCAR_MIN_BLOCKS=1"], tmp_path)
+    assert obj.is_file() and obj.stat().st_size > 0, stderr[-4000:]
+    spills = [line for line in stderr.splitlines() if "spill stores" in line]
     assert spills and all(line.strip().split()[4] == "0" for line in spills), "\n".join(spills)
+
+
+# The extensions' loaders in quant.kernels.cuda and the csrc file whose PYBIND11_MODULE each one builds.
+BINDING_SOURCES = {"load": "oscar_bindings.cu", "load_layers": "layer_bindings.cu"}
+
+
+def binding_arities(source: str) -> dict[str, int]:
+    """{binding: its C++ function's parameter count} of one csrc bindings file (m.def("name", &function, ...))."""
+    text = (kcuda.CSRC / source).read_text()
+    arities = {}
+    for name, fn in re.findall(r'm\.def\("(\w+)",\s*&(\w+)', text):
+        params = re.search(rf"\b{fn}\(([^()]*)\)\s*\{{", text).group(1)  # the definition: no parentheses inside
+        depth, count = 0, int(bool(params.strip()))
+        for ch in params:  # commas outside template brackets
+            depth += (ch == "<") - (ch == ">")
+            count += ch == "," and depth == 0
+        arities[name] = count
+    return arities
+
+
+def binding_calls(path: Path) -> list[tuple[int, str, str, int]]:
+    """(line, loader, binding, number of arguments) of each call of an extension's function in one Python file:
+    `load(...).pack(...)`, `cuda.load_layers().gemv(...)`, or `mod.read_floor(...)` after `mod = cuda.load(...)`."""
+    tree = ast.parse(path.read_text())
+    modules, loaders = set(), {}  # names of quant.kernels.cuda, and of its loaders, in this file
+    if path.resolve() == Path(kcuda.__file__).resolve():
+        loaders = {name: name for name in BINDING_SOURCES}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "quant.kernels":
+            modules |= {a.asname or a.name for a in node.names if a.name == "cuda"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "quant.kernels.cuda":
+            loaders |= {a.asname or a.name: a.name for a in node.names if a.name in BINDING_SOURCES}
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname for a in node.names if a.name == "quant.kernels.cuda" and a.asname}
+
+    def loader(node):  # 'load' / 'load_layers' for a call of one, else None
+        if not isinstance(node, ast.Call):
+            return None
+        f = node.func
+        if isinstance(f, ast.Name):
+            return loaders.get(f.id)
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in modules:
+            return f.attr if f.attr in BINDING_SOURCES else None
+        return None
+
+    calls = []
+
+    def visit(node, bound):  # bound: names holding an extension in this scope (and the scopes around it)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            bound = {**bound, **{a.targets[0].id: loader(a.value) for a in ast.walk(node) if isinstance(a, ast.Assign)
+                                 and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and loader(a.value)}}
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            recv = node.func.value
+            kind = loader(recv) or (bound.get(recv.id) if isinstance(recv, ast.Name) else None)
+            if kind and not any(isinstance(a, ast.Starred) for a in node.args):
+                calls.append((node.lineno, kind, node.func.attr, len(node.args) + len(node.keywords)))
+        for child in ast.iter_child_nodes(node):
+            visit(child, bound)
+
+    visit(tree, {})
+    return calls
+
+
+def test_binding_calls_match_their_signatures():
+    # The CUDA bindings run only on a GPU, and so do most tests that call them: a call left with the arguments of an
+    # older signature (test_binding_checks_raise_with_their_numbers' pack, after pack took integer_zero) would wait for
+    # a GPU to fail. Every call in quant/kernels, harness/bench and tests/kernels is held here to csrc's signatures
+    # (pybind11 takes these positionally, and all of them).
+    arities = {kind: binding_arities(source) for kind, source in BINDING_SOURCES.items()}
+    assert arities["load"]["pack"] == 6 and arities["load"]["decode"] == 23 and arities["load_layers"]["gemv"] == 5
+    repo = Path(__file__).resolve().parents[2]
+    files = [*(repo / "quant" / "kernels").glob("*.py"), *(repo / "harness" / "bench").rglob("*.py"),
+             *(repo / "tests" / "kernels").glob("*.py")]
+    found, wrong = set(), []
+    for path in sorted(files):
+        for line, kind, name, nargs in binding_calls(path):
+            if name in arities[kind]:
+                found.add((path.relative_to(repo).as_posix(), name))
+                if nargs != arities[kind][name]:
+                    wrong.append(f"{path.relative_to(repo)}:{line}: {name} with {nargs} arguments, "
+                                 f"csrc/{BINDING_SOURCES[kind]} takes {arities[kind][name]}")
+    assert not wrong, "\n".join(wrong)
+    # the scan sees the calls it is meant to (a scan that finds none would pass anything)
+    assert {("quant/kernels/cuda.py", "decode"), ("quant/kernels/cuda.py", "pack"), ("quant/kernels/fused_linear.py",
+            "gemv"), ("harness/bench/floor.py", "read_floor"), ("tests/kernels/test_csrc.py", "pack"),
+            ("tests/kernels/test_csrc.py", "decode"), ("tests/kernels/test_csrc.py", "rms_norm")} <= found, found
 
 
 def test_row_kernel_rule():
@@ -214,10 +357,20 @@ def test_batch_one_decode_takes_the_wide_build(monkeypatch):
 @pytest.mark.cuda_kernels
 def test_binding_checks_raise_with_their_numbers():
     # A failing check whose message streamed an integer segfaulted in these extensions on the device image;
-    # numbers and shapes now enter messages through std::to_string (csrc/include/oscar_msg.h).
+    # numbers and shapes now enter messages through std::to_string (csrc/include/oscar_msg.h). Each binding takes
+    # every argument of its signature, positionally, as quant/kernels/cuda.py passes them
+    # (test_binding_calls_match_their_signatures holds these calls to csrc's signatures, on any machine).
+    mod = kcuda.load(128)
     k = torch.randn(1, 2, 48, 128, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="multiple of 32 tokens, got 48"):
-        kcuda.load(128).pack(k, k, True, True, False)
+        mod.pack(k, k, True, True, False, False)  # k, v, rotate, token_norm, rotate_values, integer_zero
+    q, none = torch.randn(1, 8, 1, 64, device="cuda", dtype=torch.bfloat16), torch.empty(0, device="cuda")
+    with pytest.raises(RuntimeError, match=r"q must be \[B, Hq, Lq, 128\]"):  # its first check, on q's head dim
+        mod.decode(q, none, none, none, none, none, none, none,  # kc, ks, kz, vc, vs, vz, norms
+                   none, none, none, none, none,  # k_res, v_res, kv_lens, res_lens, counters
+                   0, 0, 32, 0.125,  # tokens, num_splits, split_tokens, scaling
+                   True, False, False,  # rotate, rotate_out, window_cta
+                   0, 0, none)  # order, merge_group, trace
     layers = kcuda.load_layers()
     x = torch.randn(2, 12, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="got n 12"):
