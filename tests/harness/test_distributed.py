@@ -144,7 +144,7 @@ def _torchrun(out: str, kill: str | None) -> subprocess.CompletedProcess:
 def test_two_ranks_resume_a_killed_rank_and_merge_as_one_process(tmp_path):
     one = _evaluate(str(tmp_path / "one" / "{task}" / "{model}" / "{method}.json"))[0]
     out = str(tmp_path / "two" / "{task}" / "{model}" / "{method}.json")
-    path = tmp_path / "two" / "ocrbench.generated" / "tiny-llava" / "oscar.json"
+    path = tmp_path / "two" / "ocrbench.generated" / "tiny-llava" / f"oscar.first{LIMIT}.json"  # a partial run
 
     killed = _torchrun(out, kill="1:1")  # rank 1 dies after its first item; torchrun stops rank 0
     assert killed.returncode != 0 and not path.exists(), killed.stderr[-3000:]

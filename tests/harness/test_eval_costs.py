@@ -68,7 +68,7 @@ def test_eval_with_random_weights_records_costs_and_is_labelled(tmp_path, shrunk
     for result in results:
         assert result["model"]["weights"] == "random" and not result["model"]["replica"]
         assert any("random weights" in note for note in result["notes"])
-        path = tmp_path / "ocrbench.generated" / "qwen3-vl-8b.random" / f"{result['method']['name']}.json"
+        path = tmp_path / "ocrbench.generated" / "qwen3-vl-8b.random" / f"{result['method']['name']}.first2.json"
         assert R.read_result(path) == result  # schema-valid, and apart from the real checkpoint's folder
         for sample in result["samples"]:
             cost = sample["cost"]

@@ -67,8 +67,10 @@ def aif_only(tmp_path_factory) -> Path:
     return target
 
 
-def test_a_run_where_every_item_failed_exits_non_zero(aif_only, tmp_path, capsys):
+def test_a_run_where_every_item_failed_exits_non_zero(aif_only, tmp_path, capsys, monkeypatch):
     import pyarrow.parquet as pq
+
+    monkeypatch.setenv("MMAU_PRO_JUDGE", "smollm2-135m")  # the run checks its judge before the first item
 
     table = pq.read_table(aif_only / "test.parquet")
     rows = [dict(r, audio_path=["data/gone.wav"]) for r in table.to_pylist()]
@@ -81,8 +83,10 @@ def test_a_run_where_every_item_failed_exits_non_zero(aif_only, tmp_path, capsys
     assert "audio 'data/gone.wav' not found" in err and not (tmp_path / "bf16.json").exists()
 
 
-def test_the_summary_lists_failures(aif_only, tmp_path):
+def test_the_summary_lists_failures(aif_only, tmp_path, monkeypatch):
     from harness.models import tiny
+
+    monkeypatch.setenv("MMAU_PRO_JUDGE", "smollm2-135m")  # the run checks its judge before the first item
 
     [result] = run.evaluate("tiny-qwen3-omni", "bf16", task=MMAUProTask(max_new_tokens=4), data=str(aif_only),
                             adapter=tiny.build("qwen3_omni"), out=str(tmp_path / "{method}.json"), n_resamples=20)
