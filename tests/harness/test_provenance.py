@@ -1,0 +1,68 @@
+"""harness/provenance.py: a code digest ignores comments, docstrings and formatting, and moves with any change to the
+code or to a module it imports; the closure follows module-level imports inside the project; stale_reasons names
+what changed."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from harness import provenance as P
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def digest_of(tmp_path: Path, file: str, source: str) -> str:
+    """The digest of `source` as module "m" (the name is part of the digest; the file's name is not)."""
+    path = tmp_path / f"{file}.py"
+    path.write_text(source, encoding="utf-8")
+    return P.digest({"m": path})
+
+
+def test_comments_docstrings_and_formatting_do_not_count(tmp_path):
+    base = digest_of(tmp_path, "a", "def f(x):\n    return x + 1\n")
+    same = digest_of(tmp_path, "b", '"""A module."""\n\n\ndef f(x):  # why\n    """Adds one."""\n'
+                                    "    return (\n        x + 1\n    )\n")
+    assert same == base
+    assert digest_of(tmp_path, "c", "def f(x):\n    return x + 2\n") != base
+    assert digest_of(tmp_path, "d", "def f(x):\n    return 'x' + 1\n") != base
+
+
+def test_the_closure_follows_module_level_imports_only():
+    files = P.closure(["tasks.ppl"])
+    assert {"tasks.ppl", "tasks.ppl.scoring", "tasks.base"} <= set(files)
+    assert all(path.is_file() for path in files.values())
+    # quant.methods.oscar imports its primitives at module level; the harness is imported lazily, never at import
+    method = P.closure(["quant.methods.oscar"])
+    assert {"quant.methods.oscar", "quant.methods.base", "quant.primitives"} <= set(method)
+    assert not any(name.startswith("harness") for name in method)
+
+
+def test_parts_name_the_code_of_a_run_and_the_kernels_only_on_a_kernel_backend():
+    cpu = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text")
+    gpu = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text", backend="cuda")
+    assert set(cpu) == {"method", "task", "model"} and set(gpu) == {*cpu, "kernels"}
+    assert {k: gpu[k] for k in cpu} == cpu
+    assert any(name.startswith("csrc/") for name in P.kernel_files())
+    # a random-weight model path goes through the builder of its weights too
+    assert P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text", random_weights=True)["model"] \
+        != cpu["model"]
+
+
+def test_stale_reasons_name_the_config_the_code_and_the_commit():
+    committed = json.loads((ROOT / "results/runs/ppl/smollm2-135m/oscar.json").read_text())
+    assert P.stale_reasons(committed) == []  # the committed result is what this checkout computes
+    changed = copy.deepcopy(committed)
+    changed["code"]["task"] = "sha256:0000000000000000"
+    commit = committed["environment"]["git_commit"][:8]
+    assert P.stale_reasons(changed) == [f"task code changed since {commit}"]
+    old = copy.deepcopy(committed)
+    del old["code"], old["method"]["config"]["zero_point"]
+    reasons = P.stale_reasons(old)
+    assert reasons[0].startswith("config differs from oscar now (zero_point 'absent' -> 'integer')")
+    assert reasons[1] == f"records no code fingerprint (ran at {commit})"
+    tweaked = copy.deepcopy(committed)
+    tweaked["method"]["name"], tweaked["method"]["config"]["group_size"] = "oscar+group_size=64", 64
+    assert P.preset_drift(tweaked) is None  # what its name says
+    tweaked["method"]["config"]["group_size"] = 128
+    assert "group_size 128 -> 64" in P.preset_drift(tweaked)
