@@ -197,9 +197,11 @@ def test_padded_batch_replays_graphs_and_gives_each_prompt_its_batch1_tokens(met
 
     eager_ids, eager_logits, _ = run(ids, mask, graphs=False)
     got, logits, counts = run(ids, mask, graphs=True)
-    assert torch.equal(got, eager_ids)
-    if method == "oscar":  # the kernels: bit for bit. BF16's masked SDPA rounded some logits otherwise once captured
-        assert torch.equal(logits, eager_logits)  # (H100, torch 2.11): same tokens, logits not bit-identical
+    if method == "oscar":  # the kernels: tokens and logits bit for bit
+        assert torch.equal(got, eager_ids) and torch.equal(logits, eager_logits)
+    else:  # torch's masked SDPA rounds some logits otherwise once captured (H100 and H200, torch 2.11): a near-tie
+        for b in range(len(prompts)):  # can then pick the other token, in some runs and not others
+            assert_same_or_near_tie(got[b], eager_ids[b], eager_logits[b])
     # 149 steps after the prefill: the stacking one eager, then one graph without a flush and (OScaR) one with
     graphs = 2 if method == "oscar" else 1
     assert counts == {"eager": 1, "captured": graphs, "replayed": 148 - graphs}, counts
