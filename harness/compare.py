@@ -101,7 +101,11 @@ def _resolve_one(x: str, model: str | None, task: str | None, runs_dir: Path) ->
     if _is_path(x):
         return Path(x)
     root = BASELINES_DIR if x.startswith("baseline:") else runs_dir
-    path = root / task / model / f"{x.removeprefix('baseline:')}.json"
+    name = x.removeprefix("baseline:")
+    path = root / task / model / f"{name}.json"
+    partial = sorted((root / task / model).glob(f"{name}.first*.json"))
+    if not path.exists() and len(partial) == 1:  # a run over the first N items only (--limit): its one result
+        path = partial[0]
     if not path.exists():
         have = sorted(p.stem for p in (root / task / model).glob("*.json"))
         raise CompareError(f"no result {path}; results there: {', '.join(have) or 'none'}")
@@ -111,7 +115,8 @@ def _resolve_one(x: str, model: str | None, task: str | None, runs_dir: Path) ->
 def _find_run_dir(methods: list[str], model: str | None, task: str | None, runs_dir: Path) -> tuple[str, str]:
     dirs = {(p.parent.parent.name, p.parent.name) for p in R.find_results(runs_dir)}
     fits = sorted((t, m) for t, m in dirs if (task in (None, t)) and (model in (None, m))
-                  and all((runs_dir / t / m / f"{x}.json").exists() for x in methods))
+                  and all((runs_dir / t / m / f"{x}.json").exists() or any((runs_dir / t / m).glob(f"{x}.first*.json"))
+                          for x in methods))
     if len(fits) != 1:
         listed = ", ".join(f"--task {t} --model {m}" for t, m in fits) or "none"
         raise CompareError(f"method names {methods} are ambiguous or not found under {runs_dir}; "

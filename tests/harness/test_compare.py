@@ -182,3 +182,13 @@ def test_runs_on_other_processors_are_flagged(tmp_path, capsys):
     a, b = write(tmp_path, "a", ra), write(tmp_path, "b", rb)
     assert cli(["compare", a, b]) == 0  # a warning, not a failure
     assert "ran on different processors (AMD EPYC x2 vs Intel(R) Xeon(R) Processor x2)" in capsys.readouterr().out
+
+
+def test_a_method_name_finds_its_partial_run(tmp_path, monkeypatch, capsys):
+    """A run over the first N items (<method>.first<N>.json) is found by its method name when it is the only one."""
+    monkeypatch.chdir(tmp_path)
+    folder = Path("results/runs/handmade.generated/tiny-model")
+    R.write_result(make_result("bf16", A_SCORES), folder / "bf16.first10.json")
+    R.write_result(make_result("kivi", A_SCORES), folder / "kivi.first10.json")
+    assert cli(["compare", "bf16", "kivi"]) == 0
+    assert "bf16 (A) -> kivi (B)" in capsys.readouterr().out
