@@ -3,7 +3,7 @@ decode step must read and to launch a grid of the decode's shape. They estimate 
 reach over a BF16 baseline (`ceiling = BF16 time / read floor`) before any of its own work is counted. An estimate,
 not a proof: a better streaming kernel may exist (at 16x32K after the dirty flush the decode matched the floor).
 
-    python3 -m harness.bench.dev.floors --points 1x131072,16x32768,64x4096 --out floor.json
+    python3 -m benchmarks.floors --points 1x131072,16x32768,64x4096 --out floor.json
 
 The read floor streams a buffer of exactly the step's packed bytes (random data) once, 16-byte words, 8 in flight
 per thread, each CTA a contiguous range, at several CTA counts (2-8 per SM of 128 threads, 2 and 4 of 256), two

@@ -307,7 +307,7 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     device's resident CTAs (SMs * min_blocks) instead of `plan_splits`. window_cta: give the full-precision window its
     own CTA, scheduled first (default: when one wave holds it beside >= 8 splits per row, see `separate_window`), else
     it is folded into the last split's CTA. trace (diagnostics): an int64 CUDA tensor of (splits + 1) * B * Hkv * 8 that
-    receives per-CTA %globaltimer stamps (harness/bench/dev/sweep_splits.py).
+    receives per-CTA %globaltimer stamps (benchmarks/sweep_splits.py).
     order: which CTAs the block scheduler starts first (`cta_order`; default: the planner's). merge_group: 0 merges the
     splits in one level, G > 0 in two (groups of G splits first; needs window_cta); default `merge_plan`'s choice.
     """

@@ -59,7 +59,7 @@ SILU = ("SiLU", "SiLUActivation")  # torch.nn.SiLU, transformers.activations.SiL
 def rows_per_cta(n: int, device: torch.device) -> int:
     """Output rows per CTA: 4 (four weight rows' loads in flight per thread) while that still gives >= 4 CTAs per
     SM, else fewer, so that small projections (k/v: 1024 rows) still spread over every SM. FORCED_ROWS, when set,
-    overrides the choice (sweeps of harness/bench/dev)."""
+    overrides the choice (benchmarks/sweep_linear.py)."""
     return FORCED_ROWS or _default_rows(n, device)
 
 

@@ -18,13 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tree_packages() -> set[str]:
-    """Folders under harness/, quant/ and tasks/ holding Python or package data, as dotted names (the developer
-    tools of harness/bench/dev excluded), plus csrc as quant.csrc."""
+    """Folders under harness/, quant/ and tasks/ holding Python or package data, as dotted names, plus csrc as
+    quant.csrc (the developer tools live outside them, in the top-level benchmarks/)."""
     found = set()
     for top in ("harness", "quant", "tasks", "csrc"):
         for folder in [ROOT / top, *(p for p in (ROOT / top).rglob("*") if p.is_dir())]:
             rel = folder.relative_to(ROOT)
-            if "__pycache__" in rel.parts or rel.parts[:3] == ("harness", "bench", "dev"):
+            if "__pycache__" in rel.parts:
                 continue
             if any(f.suffix in (".py", ".yaml", ".json", ".cu", ".cuh", ".h") for f in folder.iterdir() if f.is_file()):
                 name = ".".join(rel.parts)

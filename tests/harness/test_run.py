@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -117,12 +118,15 @@ def test_a_tweaked_or_partial_run_never_takes_a_presets_name(tmp_path, adapter, 
     """--quant-opts changes the name to the changed fields; --limit over part of the set adds .first<N>; the preset's
     whole result stays where it was."""
     out = str(tmp_path / "{method}.json")
-    items = len(task.load(None, None))
-    [whole] = run.evaluate("smollm2-135m", "kivi", task=task, out=out, adapter=adapter, n_resamples=20, limit=items)
-    [tweaked] = run.evaluate("smollm2-135m", "kivi", task=task, out=out, adapter=adapter, n_resamples=20, limit=items,
-                             quant_opts="group_size=64,value_flush=fifo")
-    [part] = run.evaluate("smollm2-135m", "kivi", task=task, out=out, adapter=adapter, n_resamples=20, limit=1)
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
+    text = tmp_path / "three-windows.txt"  # a set of three windows: the whole set runs in seconds
+    license_text = Path(task.sources(None)[0]).read_text(encoding="utf-8")
+    text.write_text(license_text[:4 * task.window_chars - 1], encoding="utf-8")
+    items = len(task.load(str(text), None))
+    run_ = dict(task=task, data=str(text), out=out, adapter=adapter, n_resamples=20)
+    [whole] = run.evaluate("smollm2-135m", "kivi", **run_)
+    [tweaked] = run.evaluate("smollm2-135m", "kivi", **run_, quant_opts="group_size=64,value_flush=fifo")
+    [part] = run.evaluate("smollm2-135m", "kivi", **run_, limit=1)
+    assert items == 3 and sorted(p.name for p in tmp_path.glob("*.json")) == [
         "kivi+group_size=64+value_flush=fifo.json", "kivi.first1.json", "kivi.json"]
     assert R.read_result(tmp_path / "kivi.json") == whole and whole["method"]["name"] == "kivi"
     assert tweaked["method"] | {"config": None} == {"name": "kivi+group_size=64+value_flush=fifo", "preset": "kivi",

@@ -654,9 +654,9 @@ def test_decode_plan_picks_the_single_wave_whose_slowest_sm_ends_first():
 
 
 def test_trace_summary_phases():
-    # harness/bench/dev/sweep_splits.py reads the kernel's per-CTA %globaltimer stamps (ns) into phases: three
+    # benchmarks/sweep_splits.py reads the kernel's per-CTA %globaltimer stamps (ns) into phases: three
     # quantized CTAs and a separate window CTA (no quantized stamps) that arrives last and merges, as traced on an H100.
-    from harness.bench.dev.sweep_splits import summarize_trace
+    from benchmarks.sweep_splits import summarize_trace
 
     base = 1_000_000
     rows = [  # start, query ready, loop done, partial counted, merge done, merge's loads summed, -, SM
@@ -680,7 +680,7 @@ def test_trace_summary_phases():
 
 def test_trace_summary_two_level_merge():
     # A group's last CTA stamps 6 when its group is merged and counted; the row's merge is timed from there.
-    from harness.bench.dev.sweep_splits import summarize_trace
+    from benchmarks.sweep_splits import summarize_trace
 
     base = 1_000_000
     rows = [  # start, query ready, loop done, partial counted, merge done, merge's loads summed, group merged, SM
@@ -698,7 +698,7 @@ def test_trace_summary_two_level_merge():
 def test_trace_summary_ignores_the_early_merge_run():
     # OSCAR_WARM_MERGE: row 0's window CTA runs the merge's code without storing anything. It stamps 5 (the merge's
     # loads summed) but never 4 (merge done), so it counts as neither a merge nor the step's end.
-    from harness.bench.dev.sweep_splits import summarize_trace
+    from benchmarks.sweep_splits import summarize_trace
 
     base = 1_000_000
     rows = [  # start, query ready, loop done, partial counted, merge done, merge's loads summed, -, SM
@@ -712,8 +712,8 @@ def test_trace_summary_ignores_the_early_merge_run():
 
 
 def test_e2e_profile_groups_kernels_by_kind():
-    # harness/bench/dev/profile_e2e.py: CUPTI kernel records of a decode step, grouped per step by kind.
-    from harness.bench.dev.profile_e2e import kind_of, summarize_kernels
+    # benchmarks/profile_e2e.py: CUPTI kernel records of a decode step, grouped per step by kind.
+    from benchmarks.profile_e2e import kind_of, summarize_kernels
 
     assert kind_of("void oscar::decode_split_kernel<128, 1, __nv_bfloat16>(oscar::DecodeParams)") == "attention"
     assert kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"

@@ -2,7 +2,7 @@
 instructions (the codes become fp16 pairs in inline PTX, quant/kernels/triton_decode.py), stages its loads with
 cp.async, and builds its tiles in registers (the tl code order): few shared-memory stores and instructions.
 
-Runs harness.bench.dev.triton_sass in a subprocess: the other Triton tests import the kernels under TRITON_INTERPRET=1,
+Runs benchmarks.triton_sass in a subprocess: the other Triton tests import the kernels under TRITON_INTERPRET=1,
 which does not compile.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_decode_loop_has_no_int_to_float_conversions(tmp_path, head_dim):
     out = tmp_path / "sass.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-m", "harness.bench.dev.triton_sass", "--head-dim", str(head_dim),
+    res = subprocess.run([sys.executable, "-m", "benchmarks.triton_sass", "--head-dim", str(head_dim),
                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     rep = json.loads(out.read_text())

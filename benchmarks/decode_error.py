@@ -1,7 +1,7 @@
 """The CUDA decode's error and time at chosen points, for one or several builds of the kernel side by side:
 
-    python3 -m harness.bench.dev.decode_error --points 1x32768,16x8192,4x32768,1x131072,16x32768 --out err.json
-    python3 -m harness.bench.dev.decode_error --builds "default=,stages5=-DOSCAR_STAGES=5"   # NAME=FLAGS, ...
+    python3 -m benchmarks.decode_error --points 1x32768,16x8192,4x32768,1x131072,16x32768 --out err.json
+    python3 -m benchmarks.decode_error --builds "default=,stages5=-DOSCAR_STAGES=5"   # NAME=FLAGS, ...
 
 Inputs are the bench's (random bf16 q/K/V of the shape, the CUDA pack, V's rotation in the weights, a 64-token
 window). Error: relative L2 against the float64 oracle over the same packed cache (quant/kernels/reference.py);
@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from harness.bench.dev.sweep_splits import SHAPES, inputs
+from benchmarks.sweep_splits import SHAPES, inputs
 from harness.bench.timing import _graph_us
 from quant.kernels import cuda
 from quant.kernels.reference import attention_f32, attention_f64, relative_error

@@ -1,8 +1,8 @@
 """The Triton decode's machine code without a GPU: compile `triton_decode.decode_split_kernel` for sm_90, read its
 registers, spills and shared memory, and count the instructions of each loop of its SASS by opcode.
 
-    python3 -m harness.bench.dev.triton_sass --num-warps 4
-    python3 -m harness.bench.dev.triton_sass --head-dim 64 --maxnreg 168 --top 30 --out sass.json
+    python3 -m benchmarks.triton_sass --num-warps 4
+    python3 -m benchmarks.triton_sass --head-dim 64 --maxnreg 168 --top 30 --out sass.json
 
 Triton compiles for a GPU target on any machine (its wheel carries ptxas and cuobjdump). The compile gets the
 divisibility hints a real launch specializes on (16-byte aligned tensors, T and split_tokens multiples of 128, the

@@ -5,7 +5,7 @@ is captured in a CUDA graph; its replay is timed with the L2 flushed before ever
 `oscar-eval bench`: do_bench's zero-fill, which leaves the L2 dirty, and a read-only flush, "clean-L2"), and back to
 back (20 launches per graph, L2 warm). Prints a table, writes JSON:
 
-    python3 -m harness.bench.dev.sweep_splits --points 1x4096,1x131072 --out sweep.json
+    python3 -m benchmarks.sweep_splits --points 1x4096,1x131072 --out sweep.json
 
 With --trace, the planned launch also records per-CTA %globaltimer stamps (start, query ready, main loop
 done, partial written and counted, merge done) and the table gets a timeline summary (microseconds from the

@@ -2,7 +2,7 @@
 
     ncu --clock-control none --kernel-name regex:decode_split --launch-skip 2 --launch-count 1 \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
-        python3 -m harness.bench.dev.profile_decode --batch 16 --context 32768
+        python3 -m benchmarks.profile_decode --batch 16 --context 32768
 """
 from __future__ import annotations
 

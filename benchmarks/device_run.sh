@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A fresh GPU machine: build the CUDA specializations, run the kernel tests on the GPU, then benchmark.
-# Usage (repo root, on the GPU machine): OUT=<dir> bash harness/bench/dev/device_run.sh [bench args...]
+# Usage (repo root, on the GPU machine): OUT=<dir> bash benchmarks/device_run.sh [bench args...]
 # Everything lands under $OUT (logs, JSON); the last lines printed are the tables.
 set -u
 OUT=${OUT:-results/bench}
@@ -23,7 +23,7 @@ fi
 if [ -n "${PROFILE:-}" ]; then  # Nsight Compute on one decode launch: PROFILE="--batch 1 --context 32768"
   timeout 240 ncu --clock-control none --kernel-name regex:"decode_split" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-    --section SchedulerStats $PY -m harness.bench.dev.profile_decode $PROFILE >"$OUT/ncu.txt" 2>&1
+    --section SchedulerStats $PY -m benchmarks.profile_decode $PROFILE >"$OUT/ncu.txt" 2>&1
   grep -E "Duration|Throughput|Achieved Occupancy|Theoretical Occupancy|Registers|Stall|Issued Warp|No Eligible|Active Warps|Block Limit" "$OUT/ncu.txt" | head -n 40
   echo "profile stage: $(( $(date +%s) - t0 ))s"
 fi

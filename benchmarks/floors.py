@@ -1,6 +1,6 @@
 """The floors beside the CUDA decode at chosen points, as a table and JSON (harness.bench.floor's measurements):
 
-    python3 -m harness.bench.dev.floors --points 1x131072,16x32768,64x4096 --out floor.json
+    python3 -m benchmarks.floors --points 1x131072,16x32768,64x4096 --out floor.json
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from harness.bench.floor import floor_point, planned_launch
 
 
 def main() -> None:
-    from harness.bench.dev.sweep_splits import SHAPES, inputs, time_plan
+    from benchmarks.sweep_splits import SHAPES, inputs, time_plan
     from harness.bench.timing import copy_bandwidth
     from quant.kernels.common import bytes_read
 

@@ -2,7 +2,7 @@
 the torch reference (KernelOptions(backend="torch")), greedy generation on a random Qwen3-8B-attention-shaped
 model (32 q / 8 kv heads, head_dim 128, few layers). Prints one JSON line:
 
-    python3 -m harness.bench.dev.check_cache --layers 2 --prompt 300 --new 100 [--out FILE]
+    python3 -m benchmarks.check_cache --layers 2 --prompt 300 --new 100 [--out FILE]
 
 The prompt (> 128 tokens) is packed at prefill; with --new > 128 - (prompt % 128) a block flush also runs
 during decoding. "kernel_calls" counts decode steps served by quant.kernels.decode_attention.

@@ -2,7 +2,7 @@
 projection shapes: each call captured in a CUDA graph and replayed after a read-only L2 flush (a decode step
 streams every weight once, so none is in L2 when its GEMM starts). Prints a table, writes JSON:
 
-    python3 -m harness.bench.dev.sweep_linear --tokens 1,4,8 --rows 0,1,2,4 --out linear.json
+    python3 -m benchmarks.sweep_linear --tokens 1,4,8 --rows 0,1,2,4 --out linear.json
 
 rows 0 is `rows_per_cta`'s choice. "gate_up" is the MLP's silu(gate(x)) * up(x): torch's four kernels against one;
 "qkv" the attention's three projections of one input: torch's three GEMMs against one launch.

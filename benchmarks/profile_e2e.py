@@ -2,7 +2,7 @@
 e2e`, BF16 and OScaR caches, kernels grouped by kind (weights' GEMMs, attention, pack, the small elementwise,
 norm and rotary kernels), per step:
 
-    python3 -m harness.bench.dev.profile_e2e --context 131072 --steps 5 --out prof.json
+    python3 -m benchmarks.profile_e2e --context 131072 --steps 5 --out prof.json
 
 Kernel times come from torch.profiler (CUPTI) over eager steps; the graph step time (the whole step replayed as
 one CUDA graph) is measured too, so graph time - kernel time is what the launches between kernels cost.
