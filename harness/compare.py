@@ -100,23 +100,27 @@ def _is_path(x: str) -> bool:
 def _resolve_one(x: str, model: str | None, task: str | None, runs_dir: Path) -> Path:
     if _is_path(x):
         return Path(x)
-    root = BASELINES_DIR if x.startswith("baseline:") else runs_dir
+    folder = (BASELINES_DIR if x.startswith("baseline:") else runs_dir) / task / model
     name = x.removeprefix("baseline:")
-    path = root / task / model / f"{name}.json"
-    partial = sorted((root / task / model).glob(f"{name}.first*.json"))
-    if not path.exists() and len(partial) == 1:  # a run over the first N items only (--limit): its one result
-        path = partial[0]
-    if not path.exists():
-        have = sorted(p.stem for p in (root / task / model).glob("*.json"))
-        raise CompareError(f"no result {path}; results there: {', '.join(have) or 'none'}")
+    path = result_of(folder, name)
+    if path is None:
+        have = sorted(p.stem for p in folder.glob("*.json"))
+        raise CompareError(f"no result {folder / name}.json; results there: {', '.join(have) or 'none'}")
     return path
+
+
+def result_of(folder: Path, name: str) -> Path | None:
+    """The result of method `name` in a run folder: <name>.json, else its one run over the first N items
+    (<name>.first<N>.json, a --limit run); None when there is neither or more than one partial run."""
+    whole = folder / f"{name}.json"
+    partial = sorted(folder.glob(f"{name}.first*.json"))
+    return whole if whole.exists() else partial[0] if len(partial) == 1 else None
 
 
 def _find_run_dir(methods: list[str], model: str | None, task: str | None, runs_dir: Path) -> tuple[str, str]:
     dirs = {(p.parent.parent.name, p.parent.name) for p in R.find_results(runs_dir)}
     fits = sorted((t, m) for t, m in dirs if (task in (None, t)) and (model in (None, m))
-                  and all((runs_dir / t / m / f"{x}.json").exists() or any((runs_dir / t / m).glob(f"{x}.first*.json"))
-                          for x in methods))
+                  and all(result_of(runs_dir / t / m, x) for x in methods))
     if len(fits) != 1:
         listed = ", ".join(f"--task {t} --model {m}" for t, m in fits) or "none"
         raise CompareError(f"method names {methods} are ambiguous or not found under {runs_dir}; "

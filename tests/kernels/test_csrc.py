@@ -23,9 +23,8 @@ from quant.methods.oscar import OScaRConfig, pack_block
 from quant.primitives import hadamard
 
 NVCC = shutil.which("nvcc")
-# A cold sm_90a compile of csrc/compile_check.cu takes one to two minutes alone and ran past 300 s on two loaded cores
-# (make test): the limit is generous, and each compile is kept (nvcc_compile) so that it runs once per change of the
-# sources, flags or nvcc.
+# A cold sm_90a compile of csrc/compile_check.cu is slow, and slower still on loaded cores (make test): the limit is
+# generous, and each compile is kept (nvcc_compile) so that it runs once per change of the sources, flags or nvcc.
 NVCC_TIMEOUT_S = 900
 SM90A = ["-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v"]  # -v: ptxas reports each kernel
 
