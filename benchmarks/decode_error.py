@@ -12,6 +12,7 @@ and after a read-only flush (clean), as `oscar-eval bench` times its points. Eac
 (OSCAR_KERNEL_FLAGS, quant/kernels/cuda.py), loaded into this one process, so the builds meet the same inputs,
 GPU and clocks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,6 +36,7 @@ def use_build(flags: str) -> None:
 
 def measure(q, kv, scaling: float, single: bool, timed: bool) -> tuple[torch.Tensor, dict]:
     """(the decode's output, its graph times in us when timed)."""
+
     def run():
         if single:
             return cuda.decode_attention(q, kv, scaling, split_tokens=kv.k.num_tokens, window_cta=False)
@@ -56,8 +58,10 @@ def main() -> None:
     a = p.parse_args()
     builds = [b.partition("=")[::2] for b in a.builds.split(",")]
     scaling = SHAPES[a.shape][2] ** -0.5
-    print(f"{torch.cuda.get_device_name()}, {a.shape}: error vs float64 (budget: 2 x the float32 reference's); "
-          "graph replay us dirty / clean")
+    print(
+        f"{torch.cuda.get_device_name()}, {a.shape}: error vs float64 (budget: 2 x the float32 reference's); "
+        "graph replay us dirty / clean"
+    )
     rows = []
     cases = [(pt, False) for pt in a.points.split(",") if pt] + [(pt, True) for pt in a.single.split(",") if pt]
     for point, single in cases:
@@ -72,9 +76,12 @@ def main() -> None:
             err = math.nan if ref is None else relative_error(out, ref)
             row[name] = {"flags": flags, "error": err, "ratio": err / budget, **times}
         rows.append(row)
-        cells = "  ".join(f"{n}:" + ("" if a.no_error else f" {row[n]['error']:.3%} ({row[n]['ratio']:.2f}x)")
-                          + (f" {row[n]['dirty_us']:.1f}/{row[n]['clean_us']:.1f}" if "dirty_us" in row[n] else "")
-                          for n, _ in builds)
+        cells = "  ".join(
+            f"{n}:"
+            + ("" if a.no_error else f" {row[n]['error']:.3%} ({row[n]['ratio']:.2f}x)")
+            + (f" {row[n]['dirty_us']:.1f}/{row[n]['clean_us']:.1f}" if "dirty_us" in row[n] else "")
+            for n, _ in builds
+        )
         ref_cell = "" if a.no_error else f"f32 ref {budget:.3%}  "
         print(f"{point:>10}{' one split' if single else '':10}  {ref_cell}{cells}", flush=True)
         del q, kv, ref

@@ -1,7 +1,8 @@
 """The floors beside the CUDA decode at chosen points, as a table and JSON (harness.bench.floor's measurements):
 
-    python3 -m benchmarks.floors --points 1x131072,16x32768,64x4096 --out floor.json
+python3 -m benchmarks.floors --points 1x131072,16x32768,64x4096 --out floor.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,13 @@ def main() -> None:
         r.update(decode_us=dec["flushed_us"], decode_clean_us=dec["clean_us"])
         r["floor_read_bw_Bps"] = nbytes / (r["floor_read_clean_us"] * 1e-6)
         rows.append(r)
-        print(f"{a.shape} {b:>3}x{ctx:<6} {nbytes / 1e6:8.1f} MB  read floor {r['floor_read_us']:7.1f} / "
-              f"{r['floor_read_clean_us']:7.1f} us ({r['floor_read_bw_Bps'] / 1e12:.2f} TB/s clean, "
-              f"{r['floor_read_config']})  launch {r['floor_launch_us']:5.1f} / {r['floor_launch_clean_us']:5.1f} us "
-              f"({r['floor_launch_ctas']} CTAs)  decode {r['decode_us']:7.1f} / {r['decode_clean_us']:7.1f} us",
-              flush=True)
+        print(
+            f"{a.shape} {b:>3}x{ctx:<6} {nbytes / 1e6:8.1f} MB  read floor {r['floor_read_us']:7.1f} / "
+            f"{r['floor_read_clean_us']:7.1f} us ({r['floor_read_bw_Bps'] / 1e12:.2f} TB/s clean, "
+            f"{r['floor_read_config']})  launch {r['floor_launch_us']:5.1f} / {r['floor_launch_clean_us']:5.1f} us "
+            f"({r['floor_launch_ctas']} CTAs)  decode {r['decode_us']:7.1f} / {r['decode_clean_us']:7.1f} us",
+            flush=True,
+        )
         del q, kv
         torch.cuda.empty_cache()
     if a.out:

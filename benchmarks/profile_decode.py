@@ -4,6 +4,7 @@
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         python3 -m benchmarks.profile_decode --batch 16 --context 32768
 """
+
 from __future__ import annotations
 
 import argparse

@@ -7,6 +7,7 @@ norm and rotary kernels), per step:
 Kernel times come from torch.profiler (CUPTI) over eager steps; the graph step time (the whole step replayed as
 one CUDA graph) is measured too, so graph time - kernel time is what the launches between kernels cost.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +43,13 @@ def summarize_kernels(events: list[tuple[str, float]], steps: int, top: int = 12
     per = max(steps, 1)
     kinds = {k: {"us": v[0] / per, "kernels": v[1] / per} for k, v in sorted(by_kind.items(), key=lambda x: -x[1][0])}
     names = sorted(by_name.items(), key=lambda x: -x[1][0])[:top]
-    return {"steps": steps, "kernel_us": sum(v["us"] for v in kinds.values()),
-            "kernels": sum(v["kernels"] for v in kinds.values()), "by_kind": kinds,
-            "top": [{"name": n[:120], "us": v[0] / per, "count": v[1] / per, "kind": kind_of(n)} for n, v in names]}
+    return {
+        "steps": steps,
+        "kernel_us": sum(v["us"] for v in kinds.values()),
+        "kernels": sum(v["kernels"] for v in kinds.values()),
+        "by_kind": kinds,
+        "top": [{"name": n[:120], "us": v[0] / per, "count": v[1] / per, "kind": kind_of(n)} for n, v in names],
+    }
 
 
 def profile_kind(model, cfg, kind: str, batch: int, ctx: int, steps: int, backend: str) -> dict:
@@ -83,15 +88,18 @@ def main() -> None:
     p.add_argument("--backend", default="cuda")
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    from harness.bench import build_model, qwen3_8b_config
+    from harness.bench import build_model, prepare, qwen3_8b_config
 
     cfg = qwen3_8b_config()
     model = build_model(cfg)
-    rows = [profile_kind(model, cfg, kind, a.batch, a.context, a.steps, a.backend) for kind in ("bf16", "oscar")]
+    with prepare(model):
+        rows = [profile_kind(model, cfg, kind, a.batch, a.context, a.steps, a.backend) for kind in ("bf16", "oscar")]
     for r in rows:
         g = r["graph_step_us"]
-        print(f"{r['kind']:>5} {r['batch']}x{r['context']}: graph step {g / 1e3 if isinstance(g, float) else g} ms, "
-              f"kernels {r['kernel_us'] / 1e3:.2f} ms in {r['kernels']:.0f} launches")
+        print(
+            f"{r['kind']:>5} {r['batch']}x{r['context']}: graph step {g / 1e3 if isinstance(g, float) else g} ms, "
+            f"kernels {r['kernel_us'] / 1e3:.2f} ms in {r['kernels']:.0f} launches"
+        )
         for k, v in r["by_kind"].items():
             print(f"    {k:>10} {v['us'] / 1e3:8.3f} ms  {v['kernels']:6.0f} kernels")
         for t in r["top"]:

@@ -8,6 +8,7 @@ rows 0 is `rows_per_cta`'s choice. "gate_up" is the MLP's silu(gate(x)) * up(x):
 "qkv" the attention's three projections of one input: torch's three GEMMs against one launch.
 Bandwidth is weight bytes / time (the copy bandwidth, read + written, is ~3.0 TB/s on an H100).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,15 @@ from harness.bench.timing import _graph_us
 from quant.kernels import fused_linear
 
 # name: (N, K) of nn.Linear weights [N, K]; Qwen3-8B (hidden 4096, 32 q / 8 kv heads of 128, MLP 12288).
-QWEN3_8B = {"q_proj": (4096, 4096), "k_proj": (1024, 4096), "qkv": (6144, 4096), "o_proj": (4096, 4096),
-            "gate_up": (12288, 4096), "down_proj": (4096, 12288), "lm_head": (151936, 4096)}
+QWEN3_8B = {
+    "q_proj": (4096, 4096),
+    "k_proj": (1024, 4096),
+    "qkv": (6144, 4096),
+    "o_proj": (4096, 4096),
+    "gate_up": (12288, 4096),
+    "down_proj": (4096, 12288),
+    "lm_head": (151936, 4096),
+}
 
 
 def time_shape(name: str, n: int, k: int, tokens: int, rows: list[int]) -> dict:
@@ -66,20 +74,33 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
     out = []
-    print(f"{'shape':>10} {'N':>7} {'K':>6} {'tok':>3} | {'torch us':>9} TB/s | " +
-          " | ".join(f"rows{r} us  TB/s" for r in rows))
+    print(
+        f"{'shape':>10} {'N':>7} {'K':>6} {'tok':>3} | {'torch us':>9} TB/s | "
+        + " | ".join(f"rows{r} us  TB/s" for r in rows)
+    )
     for tokens in (int(t) for t in args.tokens.split(",")):
         for name, (n, k) in QWEN3_8B.items():
             r = time_shape(name, n, k, tokens, rows)
             out.append(r)
             cells = [f"{r[f'rows{x}_us']:8.1f} {r[f'rows{x}_tbps']:5.2f}" for x in rows]
-            print(f"{name:>10} {n:>7} {k:>6} {tokens:>3} | {r['torch_us']:9.1f} {r['torch_tbps']:4.2f} | " +
-                  " | ".join(cells), flush=True)
+            print(
+                f"{name:>10} {n:>7} {k:>6} {tokens:>3} | {r['torch_us']:9.1f} {r['torch_tbps']:4.2f} | "
+                + " | ".join(cells),
+                flush=True,
+            )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows_default": {
-                name: fused_linear.rows_per_cta(n, torch.device("cuda")) for name, (n, _) in QWEN3_8B.items()},
-                "results": out}, f, indent=1)
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "rows_default": {
+                        name: fused_linear.rows_per_cta(n, torch.device("cuda")) for name, (n, _) in QWEN3_8B.items()
+                    },
+                    "results": out,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -14,6 +14,7 @@ two warm launches (kernel code and some data in L2); with --trace-flush it follo
 state of the clean-L2 timing and of a model's step (on the H100, Qwen3 1 x 4K's merge takes 1.8-2.1 us warm and
 2.8-3.1 after the flush, its code coming from DRAM).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,15 @@ def inputs(shape: str, batch: int, ctx: int, res_tokens: int = 64, rotate_values
     tq -= tq % 128
     with default_build():  # an experiment's OSCAR_KERNEL_FLAGS are for the decode: the pack needs no build of its own
         kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=rotate_values)
-    kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device="cuda"),
-                  values_rotated=rotate_values)
+    kv = PackedKV(
+        kq,
+        vq,
+        norms,
+        k[:, :, tq:].contiguous(),
+        v[:, :, tq:].contiguous(),
+        hadamard(d, device="cuda"),
+        values_rotated=rotate_values,
+    )
     return q, kv
 
 
@@ -61,9 +69,17 @@ def default_build():
             os.environ["OSCAR_KERNEL_FLAGS"] = flags
 
 
-def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | None = None,
-              balance: bool = False, order: int | None = None, merge_group: int | None = None,
-              warps: int = 4) -> dict:
+def time_plan(
+    q,
+    kv,
+    splits: int | None,
+    min_blocks: int = 3,
+    window: bool | None = None,
+    balance: bool = False,
+    order: int | None = None,
+    merge_group: int | None = None,
+    warps: int = 4,
+) -> dict:
     """window: the window's own CTA (True), folded into the last split's (False), or the planner's choice;
     balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally;
     order: the CTAs' launch order (cuda.cta_order; None: the planner's); merge_group: the merge's groups
@@ -73,13 +89,15 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
     slots, rows = num_sms(q.device) * min_blocks, x.batch * x.kv_heads
     if splits is None:  # the planner's
-        split_tokens, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual,
-                                                        window)
+        split_tokens, splits, window = cuda.decode_plan(
+            x.tokens, rows, num_sms(q.device), min_blocks, x.residual, window
+        )
     else:
         window = cuda.separate_window(rows, slots) if window is None else window
         if balance:  # this many splits, sized as the planner does (a folded window weighed in)
-            split_tokens, splits = cuda.plan_splits(x.tokens, rows, slots, block=32, want=splits,
-                                                    window=0 if window else x.residual)
+            split_tokens, splits = cuda.plan_splits(
+                x.tokens, rows, slots, block=32, want=splits, window=0 if window else x.residual
+            )
         else:  # equal splits
             split_tokens = max(32, -(-x.tokens // (splits * 32)) * 32)
             splits = -(-x.tokens // split_tokens)
@@ -91,9 +109,31 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     counters = cuda._counters(q.device, rows * (1 + (-(-splits // merge_group) if merge_group and window else 0)))
 
     def fn():
-        return mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                          counters, x.tokens, splits, split_tokens, q.shape[-1] ** -0.5, True, kv.rotate_out, window,
-                          order, merge_group, cuda._NO_TRACE[q.device])
+        return mod.decode(
+            x.q,
+            x.kc,
+            x.ks,
+            x.kz,
+            x.vc,
+            x.vs,
+            x.vz,
+            x.norms,
+            x.k_res,
+            x.v_res,
+            x.kv_lens,
+            x.res_lens,
+            counters,
+            x.tokens,
+            splits,
+            split_tokens,
+            q.shape[-1] ** -0.5,
+            True,
+            kv.rotate_out,
+            window,
+            order,
+            merge_group,
+            cuda._NO_TRACE[q.device],
+        )
 
     one, many = capture_graph(fn, 1), capture_graph(fn, 20)
     flushed = 1e3 * triton.testing.do_bench(one.replay, warmup=25, rep=200, return_mode="median")
@@ -108,14 +148,30 @@ def time_plan(q, kv, splits: int | None, min_blocks: int = 3, window: bool | Non
     torch.cuda.synchronize()
     warm = 1e3 * start.elapsed_time(end) / 200
     ctas = (splits + 1 if window else max(splits, 1)) * rows
-    return {"min_blocks": min_blocks, "warps": warps, "splits": splits, "split_tokens": split_tokens,
-            "window_cta": window, "order": order,
-            "merge_group": merge_group, "ctas": ctas,
-            "flushed_us": flushed, "clean_us": clean, "warm_us": warm}
+    return {
+        "min_blocks": min_blocks,
+        "warps": warps,
+        "splits": splits,
+        "split_tokens": split_tokens,
+        "window_cta": window,
+        "order": order,
+        "merge_group": merge_group,
+        "ctas": ctas,
+        "flushed_us": flushed,
+        "clean_us": clean,
+        "warm_us": warm,
+    }
 
 
-def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None, merge_group: int | None = None,
-               flush: bool = False, warps: int = 4) -> dict:
+def trace_plan(
+    q,
+    kv,
+    min_blocks: int = 3,
+    order: int | None = None,
+    merge_group: int | None = None,
+    flush: bool = False,
+    warps: int = 4,
+) -> dict:
     """One planned launch with per-CTA stamps; returns the phase summary (us) and the raw stamps. flush: the traced
     launch follows a read-only L2 flush (as `clean_l2_us` times it: data and kernel code out of L2), else two
     launches of the same decode (a warm L2)."""
@@ -132,12 +188,26 @@ def trace_plan(q, kv, min_blocks: int = 3, order: int | None = None, merge_group
         trace.zero_()
         if buf is not None and i == 2:
             buf.sum()
-        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, min_blocks=min_blocks, order=order,
-                              merge_group=merge_group, warps=warps)
+        cuda.decode_attention(
+            q,
+            kv,
+            q.shape[-1] ** -0.5,
+            trace=trace,
+            min_blocks=min_blocks,
+            order=order,
+            merge_group=merge_group,
+            warps=warps,
+        )
     torch.cuda.synchronize()
-    stamps = trace[:ctas * 8].view(ctas, 8).cpu()
-    return {"ctas": ctas, "splits": splits, "window_cta": window, "order": order, **summarize_trace(stamps),
-            "stamps": stamps.tolist() if ctas <= 512 else None}
+    stamps = trace[: ctas * 8].view(ctas, 8).cpu()
+    return {
+        "ctas": ctas,
+        "splits": splits,
+        "window_cta": window,
+        "order": order,
+        **summarize_trace(stamps),
+        "stamps": stamps.tolist() if ctas <= 512 else None,
+    }
 
 
 def summarize_trace(stamps: torch.Tensor) -> dict:
@@ -158,42 +228,70 @@ def summarize_trace(stamps: torch.Tensor) -> dict:
         return [round(float(v[int(f * (len(v) - 1))]), 2) for f in (0.0, 0.5, 0.9, 1.0)] if len(v) else []
 
     ends = torch.where(merged, rel[:, 4], torch.where(t[:, 6] > 0, (t[:, 6] - t0) / 1e3, rel[:, 3]))
-    return {"sms_used": int(t[:, 7].unique().numel()), "start_us": pct(rel[:, 0]),
-            "query_us": pct((rel[:, 1] - rel[:, 0])[quant]), "loop_us": pct((rel[:, 2] - rel[:, 1])[quant]),
-            "partial_us": pct((rel[:, 3] - rel[:, 2])[quant]),
-            "window_us": pct((rel[:, 3] - rel[:, 0])[~quant]), "cta_end_us": pct(rel[:, 3]),
-            "merge_us": pct((rel[:, 4] - torch.maximum(rel[:, 3], (t[:, 6] - t0) / 1e3))[merged]),
-            "merge_loads_us": pct(((t[:, 5] - torch.maximum(t[:, 3], t[:, 6])) / 1e3)[merged & (t[:, 5] > 0)]),
-            "group_merge_us": pct(((t[:, 6] - t[:, 3]) / 1e3)[t[:, 6] > 0]),
-            "tail_us": round(float(ends.max() - rel[:, 3][quant].max()), 2) if bool(quant.any()) else None,
-            "end_us": round(float(ends.max()), 2)}
+    return {
+        "sms_used": int(t[:, 7].unique().numel()),
+        "start_us": pct(rel[:, 0]),
+        "query_us": pct((rel[:, 1] - rel[:, 0])[quant]),
+        "loop_us": pct((rel[:, 2] - rel[:, 1])[quant]),
+        "partial_us": pct((rel[:, 3] - rel[:, 2])[quant]),
+        "window_us": pct((rel[:, 3] - rel[:, 0])[~quant]),
+        "cta_end_us": pct(rel[:, 3]),
+        "merge_us": pct((rel[:, 4] - torch.maximum(rel[:, 3], (t[:, 6] - t0) / 1e3))[merged]),
+        "merge_loads_us": pct(((t[:, 5] - torch.maximum(t[:, 3], t[:, 6])) / 1e3)[merged & (t[:, 5] > 0)]),
+        "group_merge_us": pct(((t[:, 6] - t[:, 3]) / 1e3)[t[:, 6] > 0]),
+        "tail_us": round(float(ends.max() - rel[:, 3][quant].max()), 2) if bool(quant.any()) else None,
+        "end_us": round(float(ends.max()), 2),
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES))
     p.add_argument("--points", default="1x4096,1x32768,1x131072,16x32768,64x4096")
-    p.add_argument("--splits", default="1,2,4,8,16,24,32,48,64,96",
-                   help="split counts to try besides the planner's")
+    p.add_argument("--splits", default="1,2,4,8,16,24,32,48,64,96", help="split counts to try besides the planner's")
     p.add_argument("--min-blocks", type=int, default=3)
-    p.add_argument("--warps", type=int, default=4, choices=[4, 8],
-                   help="warps of a CTA (the build: --min-blocks 3 --warps 4 is cuda.NARROW, 1 and 8 cuda.WIDE)")
-    p.add_argument("--window", choices=["auto", "cta", "folded"], default="auto",
-                   help="the window's placement: the planner's choice, its own CTA, or in the last split's CTA")
-    p.add_argument("--balance", action="store_true",
-                   help="size the --splits counts like the planner (a folded window weighed in), not equally")
-    p.add_argument("--orders", default="plan",
-                   help="CTA launch orders to time each plan in, comma-separated: plan (cuda.cta_order's choice), "
-                        "0 (row by row), 1 (each row's window or window-carrying CTA first), 2 (those last)")
-    p.add_argument("--merge-groups", default="plan",
-                   help="merge groups to time each plan with, comma-separated: plan (cuda.merge_plan's choice), 0 (one "
-                        "level), G (two levels, groups of G splits; with the window's own CTA)")
+    p.add_argument(
+        "--warps",
+        type=int,
+        default=4,
+        choices=[4, 8],
+        help="warps of a CTA (the build: --min-blocks 3 --warps 4 is cuda.NARROW, 1 and 8 cuda.WIDE)",
+    )
+    p.add_argument(
+        "--window",
+        choices=["auto", "cta", "folded"],
+        default="auto",
+        help="the window's placement: the planner's choice, its own CTA, or in the last split's CTA",
+    )
+    p.add_argument(
+        "--balance",
+        action="store_true",
+        help="size the --splits counts like the planner (a folded window weighed in), not equally",
+    )
+    p.add_argument(
+        "--orders",
+        default="plan",
+        help="CTA launch orders to time each plan in, comma-separated: plan (cuda.cta_order's choice), "
+        "0 (row by row), 1 (each row's window or window-carrying CTA first), 2 (those last)",
+    )
+    p.add_argument(
+        "--merge-groups",
+        default="plan",
+        help="merge groups to time each plan with, comma-separated: plan (cuda.merge_plan's choice), 0 (one "
+        "level), G (two levels, groups of G splits; with the window's own CTA)",
+    )
     p.add_argument("--trace", action="store_true", help="per-CTA timeline of the planned launch")
-    p.add_argument("--trace-flush", action="store_true",
-                   help="trace the launch after a read-only L2 flush (the clean-L2 timing's state), not warm")
+    p.add_argument(
+        "--trace-flush",
+        action="store_true",
+        help="trace the launch after a read-only L2 flush (the clean-L2 timing's state), not warm",
+    )
     p.add_argument("--lq", type=int, default=1, help="query tokens a sequence (speculative decoding: 2-4)")
-    p.add_argument("--rotate-values", action="store_true",
-                   help="V rotated in the cache (the merge rotates the output back), not in the model's weights")
+    p.add_argument(
+        "--rotate-values",
+        action="store_true",
+        help="V rotated in the cache (the merge rotates the output back), not in the model's weights",
+    )
     p.add_argument("--out", default=None)
     a = p.parse_args()
     window = {"auto": None, "cta": True, "folded": False}[a.window]
@@ -208,31 +306,53 @@ def main() -> None:
                 continue
             for order in orders:
                 for merge in merges:
-                    r = {"shape": a.shape, "batch": b, "context": ctx, "lq": a.lq, "planned": s is None,
-                         **time_plan(q, kv, s, a.min_blocks, window, a.balance, order, merge, a.warps)}
+                    r = {
+                        "shape": a.shape,
+                        "batch": b,
+                        "context": ctx,
+                        "lq": a.lq,
+                        "planned": s is None,
+                        **time_plan(q, kv, s, a.min_blocks, window, a.balance, order, merge, a.warps),
+                    }
                     rows.append(r)
-                    print(f"{a.shape} {b:>3}x{ctx:<6}{f' lq {a.lq}' if a.lq > 1 else ''} splits {r['splits']:>4} "
-                          f"({r['split_tokens']:>6} tok, "
-                          f"{r['ctas']:>5} CTAs, order {r['order']}, merge groups {r['merge_group']})"
-                          f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us"
-                          f"  clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us", flush=True)
+                    print(
+                        f"{a.shape} {b:>3}x{ctx:<6}{f' lq {a.lq}' if a.lq > 1 else ''} splits {r['splits']:>4} "
+                        f"({r['split_tokens']:>6} tok, "
+                        f"{r['ctas']:>5} CTAs, order {r['order']}, merge groups {r['merge_group']})"
+                        f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us"
+                        f"  clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us",
+                        flush=True,
+                    )
         if a.trace:
             for merge in merges:
-                tr = trace_plan(q, kv, a.min_blocks, None if orders == [None] else orders[-1], merge, a.trace_flush,
-                                a.warps)
+                tr = trace_plan(
+                    q, kv, a.min_blocks, None if orders == [None] else orders[-1], merge, a.trace_flush, a.warps
+                )
                 rows.append({"shape": a.shape, "batch": b, "context": ctx, "merge_group": merge, "trace": tr})
-                print(f"  trace (merge groups {merge}) {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, "
-                      f"min/median/p90/max): start {tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} "
-                      f"partial {tr['partial_us']} window {tr['window_us']} cta end {tr['cta_end_us']} "
-                      f"group merge {tr['group_merge_us']} merge {tr['merge_us']} (loads {tr['merge_loads_us']}) "
-                      f"tail {tr['tail_us']} last end {tr['end_us']:.2f}", flush=True)
+                print(
+                    f"  trace (merge groups {merge}) {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, "
+                    f"min/median/p90/max): start {tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} "
+                    f"partial {tr['partial_us']} window {tr['window_us']} cta end {tr['cta_end_us']} "
+                    f"group merge {tr['group_merge_us']} merge {tr['merge_us']} (loads {tr['merge_loads_us']}) "
+                    f"tail {tr['tail_us']} last end {tr['end_us']:.2f}",
+                    flush=True,
+                )
         del q, kv
         torch.cuda.empty_cache()
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "min_blocks": a.min_blocks, "warps": a.warps,
-                       "rotate_values": a.rotate_values,
-                       "kernel_flags": os.environ.get("OSCAR_KERNEL_FLAGS", ""), "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "gpu": torch.cuda.get_device_name(),
+                    "min_blocks": a.min_blocks,
+                    "warps": a.warps,
+                    "rotate_values": a.rotate_values,
+                    "kernel_flags": os.environ.get("OSCAR_KERNEL_FLAGS", ""),
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 Each module named in SUBCOMMANDS exposes `add_arguments(parser)` and `main(args) -> int`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,10 @@ SUBCOMMANDS = {
     "bench": ("harness.bench", "kernel and end-to-end speed and memory benchmarks"),
     "leaderboard": ("harness.leaderboard", "build the leaderboard (markdown + HTML) from result files"),
     "compare": ("harness.compare", "compare two result files; non-zero exit on a regression"),
-    "bench-check": ("harness.bench.check",
-                    "a bench JSON against the kernel targets and an older run; non-zero exit on a slowdown"),
+    "bench-check": (
+        "harness.bench.check",
+        "a bench JSON against the kernel targets and an older run; non-zero exit on a slowdown",
+    ),
     "list": ("harness.listing", "list models, methods and tasks"),
 }
 

@@ -15,6 +15,7 @@ bootstrap's p-value of the total is below --alpha (default 0.05), so a significa
 not. --alpha 1 fails on any drop beyond --max-drop. Exit 0 otherwise; 2 = bad input or incompatible runs
 (different task, task version or data), with the reason.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,13 +41,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model of method-name inputs")
     p.add_argument("--task", default=None, help="task directory of method-name inputs (e.g. ppl, ocrbench.generated)")
     p.add_argument("--metric", default=None, help="metric to compare and gate on (default: A's primary metric)")
-    p.add_argument("--max-drop", default="0",
-                   help="allowed drop: exit 1 when B is worse than A by more than this (0.5 in metric units, or 2%% "
-                        "of A) and the difference is significant (--alpha); default 0: any significant regression "
-                        "fails")
-    p.add_argument("--alpha", type=float, default=ALPHA,
-                   help="significance level of the gate (paired bootstrap p-value of the total, default "
-                        f"{ALPHA}); 1 gates on the drop alone")
+    p.add_argument(
+        "--max-drop",
+        default="0",
+        help="allowed drop: exit 1 when B is worse than A by more than this (0.5 in metric units, or 2%% "
+        "of A) and the difference is significant (--alpha); default 0: any significant regression "
+        "fails",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=ALPHA,
+        help="significance level of the gate (paired bootstrap p-value of the total, default "
+        f"{ALPHA}); 1 gates on the drop alone",
+    )
     p.add_argument("--resamples", type=int, default=stats.DEFAULT_RESAMPLES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show", type=int, default=20, help="how many flipped / changed items to list")
@@ -119,12 +127,17 @@ def result_of(folder: Path, name: str) -> Path | None:
 
 def _find_run_dir(methods: list[str], model: str | None, task: str | None, runs_dir: Path) -> tuple[str, str]:
     dirs = {(p.parent.parent.name, p.parent.name) for p in R.find_results(runs_dir)}
-    fits = sorted((t, m) for t, m in dirs if (task in (None, t)) and (model in (None, m))
-                  and all(result_of(runs_dir / t / m, x) for x in methods))
+    fits = sorted(
+        (t, m)
+        for t, m in dirs
+        if (task in (None, t)) and (model in (None, m)) and all(result_of(runs_dir / t / m, x) for x in methods)
+    )
     if len(fits) != 1:
         listed = ", ".join(f"--task {t} --model {m}" for t, m in fits) or "none"
-        raise CompareError(f"method names {methods} are ambiguous or not found under {runs_dir}; "
-                           f"pass --model and --task (candidates: {listed})")
+        raise CompareError(
+            f"method names {methods} are ambiguous or not found under {runs_dir}; "
+            f"pass --model and --task (candidates: {listed})"
+        )
     task, model = fits[0]
     return model, task
 
@@ -137,8 +150,9 @@ def parse_threshold(text: str | None) -> tuple[float, bool] | None:
     try:
         value = float(text.strip().rstrip("%"))
     except ValueError:
-        raise CompareError(f"--max-drop {text!r} is not a number; use e.g. 0.5 (metric units) "
-                           "or 2% (relative)") from None
+        raise CompareError(
+            f"--max-drop {text!r} is not a number; use e.g. 0.5 (metric units) or 2% (relative)"
+        ) from None
     if value < 0:
         raise CompareError(f"--max-drop must be >= 0, got {text!r}")
     return value, relative
@@ -147,11 +161,14 @@ def parse_threshold(text: str | None) -> tuple[float, bool] | None:
 def check_compatible(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Raise CompareError if the runs did not score the same items the same way; return warnings."""
     ta, tb = a["task"], b["task"]
-    problems = [f"{k}: {ta[k]!r} vs {tb[k]!r}" for k in ("name", "version", "data", "data_fingerprint")
-                if ta[k] != tb[k]]
+    problems = [
+        f"{k}: {ta[k]!r} vs {tb[k]!r}" for k in ("name", "version", "data", "data_fingerprint") if ta[k] != tb[k]
+    ]
     if problems:
-        raise CompareError("runs are not comparable (" + "; ".join(problems) + "): compare runs of the same task "
-                           "version on the same data (same --data and --limit), or rerun one of them")
+        raise CompareError(
+            "runs are not comparable (" + "; ".join(problems) + "): compare runs of the same task "
+            "version on the same data (same --data and --limit), or rerun one of them"
+        )
     warnings = []
     if a["model"]["name"] != b["model"]["name"] or a["model"]["weight_hash"] != b["model"]["weight_hash"]:
         warnings.append(f"different models: {a['model']['name']} vs {b['model']['name']}")
@@ -164,13 +181,16 @@ def check_compatible(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         warnings.append(f"{a['method']['name']} ran with different settings ({diff})")
     where = [processor(r) for r in (a, b)]
     if where[0] != where[1]:  # oneDNN / cuBLAS pick other kernels per processor: last bits move, 2-bit codes flip
-        warnings.append(f"ran on different processors ({where[0]} vs {where[1]}): the same code and config give "
-                        "other last bits there, which a 2-bit cache can amplify")
+        warnings.append(
+            f"ran on different processors ({where[0]} vs {where[1]}): the same code and config give "
+            "other last bits there, which a 2-bit cache can amplify"
+        )
     ka, kb = a["environment"].get("kernels"), b["environment"].get("kernels")  # absent in older result files
     gpus = a["environment"].get("gpu") or b["environment"].get("gpu")
     ka, kb = ({**ABSENT_MEANS, **k} if k is not None else None for k in (ka, kb))
-    differ = sorted(k for k in set(ka or {}) | set(kb or {})
-                    if k not in SAME_BITS and (ka or {}).get(k) != (kb or {}).get(k))
+    differ = sorted(
+        k for k in set(ka or {}) | set(kb or {}) if k not in SAME_BITS and (ka or {}).get(k) != (kb or {}).get(k)
+    )
     if gpus and ka is not None and kb is not None and differ:  # they act on a GPU only
         diff = ", ".join(f"{k} {ka.get(k)} vs {kb.get(k)}" for k in differ)
         warnings.append(f"different model-level kernels on the GPU ({diff}): scores can differ in the last bits")
@@ -205,7 +225,9 @@ def compare(a: dict[str, Any], b: dict[str, Any], metric: str | None, n_resample
         "metric": metric,
         "higher_is_better": a["metrics"][metric]["higher_is_better"],
         "methods": [a["method"]["name"], b["method"]["name"]],
-        "task": a["task"]["name"], "n": len(sa), "warnings": warnings,
+        "task": a["task"]["name"],
+        "n": len(sa),
+        "warnings": warnings,
         "total": {**total.__dict__, "a": a["metrics"][metric]["value"], "b": b["metrics"][metric]["value"]},
         "categories": per_category,
         "items": item_changes(sa, sb, metric),
@@ -217,8 +239,10 @@ def _paired_samples(a, b) -> tuple[list[dict], list[dict]]:
     ib = {str(s["id"]): s for s in b["samples"]}
     if set(ia) != set(ib):
         only_a, only_b = sorted(set(ia) - set(ib))[:5], sorted(set(ib) - set(ia))[:5]
-        raise CompareError(f"the runs hold different items (only in A: {only_a}; only in B: {only_b}); "
-                           "finish both runs or rerun them with the same --limit")
+        raise CompareError(
+            f"the runs hold different items (only in A: {only_a}; only in B: {only_b}); "
+            "finish both runs or rerun them with the same --limit"
+        )
     ids = [str(s["id"]) for s in a["samples"]]
     return [ia[i] for i in ids], [ib[i] for i in ids]
 
@@ -239,8 +263,10 @@ def _mean_score(records, metric):
     vals = [R.number((r.get("scores") or {}).get(metric)) for r in records]
     vals = [v for v in vals if v is not None]
     if not vals:
-        raise CompareError(f"the task is not available here to recompute {metric!r}, and per-item scores have "
-                           f"no {metric!r} to average; compare where the task is installed (oscar-eval list tasks)")
+        raise CompareError(
+            f"the task is not available here to recompute {metric!r}, and per-item scores have "
+            f"no {metric!r} to average; compare where the task is installed (oscar-eval list tasks)"
+        )
     return sum(vals) / len(vals)
 
 
@@ -261,9 +287,18 @@ def item_changes(sa: list[dict], sb: list[dict], metric: str) -> dict[str, Any]:
     xa = [R.number((s.get("scores") or {}).get(key)) for s in sa]
     xb = [R.number((s.get("scores") or {}).get(key)) for s in sb]
     both = [i for i in range(len(sa)) if xa[i] is not None and xb[i] is not None]
-    rows = [{"id": sa[i]["id"], "category": sa[i].get("category"), "a": xa[i], "b": xb[i],
-             "prediction_a": sa[i].get("prediction"), "prediction_b": sb[i].get("prediction")}
-            for i in both if xa[i] != xb[i]]
+    rows = [
+        {
+            "id": sa[i]["id"],
+            "category": sa[i].get("category"),
+            "a": xa[i],
+            "b": xb[i],
+            "prediction_a": sa[i].get("prediction"),
+            "prediction_b": sb[i].get("prediction"),
+        }
+        for i in both
+        if xa[i] != xb[i]
+    ]
     if stats.is_binary([xa[i] for i in both] + [xb[i] for i in both]):
         m = stats.mcnemar_exact([xa[i] for i in both], [xb[i] for i in both])
         return {"score": key, "test": {"name": "mcnemar_exact", **m.__dict__}, "changed": rows}
@@ -287,8 +322,7 @@ def gate(report: dict[str, Any], threshold: tuple[float, bool] | None, alpha: fl
     p = report["total"].get("p_value")
     significant = alpha >= 1 or (p is not None and p < alpha)
     failed = measured > value and significant
-    where = (f"B is worse by {measured:.4g}{unit}" if drop > 0
-             else f"B is better or equal by {abs(measured):.4g}{unit}")
+    where = f"B is worse by {measured:.4g}{unit}" if drop > 0 else f"B is better or equal by {abs(measured):.4g}{unit}"
     allowed = f"allowed {value:g}{unit}"
     p_text = "" if alpha >= 1 else f", p = {_f(p)} (alpha {alpha:g})"
     if failed:
@@ -300,8 +334,10 @@ def gate(report: dict[str, Any], threshold: tuple[float, bool] | None, alpha: fl
 def format_report(report: dict[str, Any], show: int) -> str:
     t = report["total"]
     arrow = "higher is better" if report["higher_is_better"] else "lower is better"
-    lines = [f"compare {report['task']}: {report['methods'][0]} (A) -> {report['methods'][1]} (B), "
-             f"{report['metric']} ({arrow}), {report['n']} paired items"]
+    lines = [
+        f"compare {report['task']}: {report['methods'][0]} (A) -> {report['methods'][1]} (B), "
+        f"{report['metric']} ({arrow}), {report['n']} paired items"
+    ]
     lines += [f"warning: {w}" for w in report["warnings"]]
     lines.append(f"{'':<28} {'A':>10} {'B':>10} {'B-A':>10}  {'95% CI':<22} p")
     lines.append(_row("total", t))
@@ -309,15 +345,22 @@ def format_report(report: dict[str, Any], show: int) -> str:
     items = report["items"]
     if items["test"]:
         m = items["test"]
-        lines.append(f"McNemar exact on per-item {items['score']!r}: A-only right {m['b']}, "
-                     f"B-only right {m['c']}, p={m['p_value']:.4g}")
+        lines.append(
+            f"McNemar exact on per-item {items['score']!r}: A-only right {m['b']}, "
+            f"B-only right {m['c']}, p={m['p_value']:.4g}"
+        )
         lines.append(f"flipped items ({len(items['changed'])}):")
     elif items["score"]:
         lines.append(f"largest per-item changes of {items['score']!r} ({len(items['changed'])} changed):")
     for r in items["changed"][:show]:
-        lines.append(f"  {r['id']} [{r['category']}] {r['a']:.4g} -> {r['b']:.4g}"
-                     + (f"  A: {_short(r['prediction_a'])}  B: {_short(r['prediction_b'])}"
-                        if r["prediction_a"] is not None else ""))
+        lines.append(
+            f"  {r['id']} [{r['category']}] {r['a']:.4g} -> {r['b']:.4g}"
+            + (
+                f"  A: {_short(r['prediction_a'])}  B: {_short(r['prediction_b'])}"
+                if r["prediction_a"] is not None
+                else ""
+            )
+        )
     if report.get("gate"):
         lines.append(f"gate: {report['gate']['verdict']}")
     return "\n".join(lines)

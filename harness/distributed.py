@@ -19,15 +19,11 @@ Resume: every rank starts from the records of every progress file of the result 
 rank's, whatever the rank count was), so a rerun after a killed rank, with the same or another number of
 processes, runs only the items nobody finished. When one rank fails, torchrun stops the others; a barrier never
 outlives the run.
-
-Test hook: OSCAR_EVAL_KILL_AFTER="<rank>:<n>" makes that rank kill itself (SIGKILL, as a crash or an OOM killer
-would) right after recording its n-th item of the session; tests/harness/test_distributed.py sets it to show that
-a killed rank's finished items are reused.
 """
+
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,7 +32,6 @@ from typing import Any, Callable
 
 from harness import results as R
 
-KILL_ENV = "OSCAR_EVAL_KILL_AFTER"
 # How long a rank waits at a barrier for the slowest shard. Long on purpose: a failing rank ends the run through
 # torchrun, which stops the other ranks, so this bounds only a rank that hangs.
 WAIT = timedelta(hours=24)
@@ -67,11 +62,14 @@ def ranks_from_env(environ=None) -> Ranks:
         rank = int(env.get("RANK", "0"))
         local = int(env.get("LOCAL_RANK", str(rank)))
     except ValueError as err:
-        raise ValueError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers ({err}); start the run with torchrun") \
-            from None
+        raise ValueError(
+            f"RANK / WORLD_SIZE / LOCAL_RANK must be integers ({err}); start the run with torchrun"
+        ) from None
     if world < 1 or not 0 <= rank < world or local < 0:
-        raise ValueError(f"RANK={rank}, LOCAL_RANK={local}, WORLD_SIZE={world}: need 0 <= RANK < WORLD_SIZE and "
-                         "LOCAL_RANK >= 0; start the run with torchrun")
+        raise ValueError(
+            f"RANK={rank}, LOCAL_RANK={local}, WORLD_SIZE={world}: need 0 <= RANK < WORLD_SIZE and "
+            "LOCAL_RANK >= 0; start the run with torchrun"
+        )
     return Ranks(rank, world, local)
 
 
@@ -82,17 +80,21 @@ def start(device: str | None = None, device_map: str | None = None, environ=None
     if not ranks.parallel:
         return ranks, device
     if device_map:
-        raise ValueError(f"--device-map {device_map} spreads one model over the GPUs, torchrun runs one whole model "
-                         "per GPU: use one or the other (one process with --device-map for a model too large for a "
-                         "GPU)")
+        raise ValueError(
+            f"--device-map {device_map} spreads one model over the GPUs, torchrun runs one whole model "
+            "per GPU: use one or the other (one process with --device-map for a model too large for a "
+            "GPU)"
+        )
     import torch
     import torch.distributed as dist
 
     device = rank_device(device, ranks.local_rank, torch.cuda.is_available())
     if device.startswith("cuda"):
         if ranks.local_rank >= torch.cuda.device_count():
-            raise ValueError(f"LOCAL_RANK {ranks.local_rank} but this host has {torch.cuda.device_count()} GPU(s): "
-                             "start at most one process per GPU (torchrun --nproc-per-node)")
+            raise ValueError(
+                f"LOCAL_RANK {ranks.local_rank} but this host has {torch.cuda.device_count()} GPU(s): "
+                "start at most one process per GPU (torchrun --nproc-per-node)"
+            )
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=WAIT)
@@ -106,8 +108,10 @@ def rank_device(device: str | None, local_rank: int, cuda: bool) -> str:
         return f"cuda:{local_rank}" if cuda else "cpu"
     if device == "cpu":
         return device
-    raise ValueError(f"--device {device} under torchrun: every rank would use it; leave --device out (each rank "
-                     "takes cuda:LOCAL_RANK) or pass --device cpu")
+    raise ValueError(
+        f"--device {device} under torchrun: every rank would use it; leave --device out (each rank "
+        "takes cuda:LOCAL_RANK) or pass --device cpu"
+    )
 
 
 def finish() -> None:
@@ -127,7 +131,7 @@ def barrier(ranks: Ranks) -> None:
 
 def shard(items: list[Any], ranks: Ranks) -> list[Any]:
     """This rank's items: items[rank::world_size], the same on every run with the same items and world size."""
-    return items[ranks.rank::ranks.world_size]
+    return items[ranks.rank :: ranks.world_size]
 
 
 def main_first(ranks: Ranks, fn: Callable[[], Any]) -> Any:
@@ -185,33 +189,16 @@ def on_main(ranks: Ranks, fn: Callable[[], Any]) -> Any:
 
 class RankProgress(R.Progress):
     """A rank's progress: `records` holds what every progress file of the result recorded (the items done), `add`
-    appends to this rank's own file. Honours the OSCAR_EVAL_KILL_AFTER test hook (see the module docstring)."""
+    appends to this rank's own file."""
 
     def __init__(self, path: Path, identity: dict[str, Any], records: list[dict[str, Any]], ranks: Ranks):
         super().__init__(path, identity, records)
-        self.ranks, self.added = ranks, 0
-        self.kill_after = _kill_after(ranks.rank)
-
-    def add(self, record: dict[str, Any]) -> None:
-        super().add(record)
-        self.added += 1
-        if self.added == self.kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+        self.ranks = ranks
 
 
-def _kill_after(rank: int) -> int | None:
-    spec = os.environ.get(KILL_ENV)
-    if not spec:
-        return None
-    try:
-        who, n = (int(x) for x in spec.split(":"))
-    except ValueError:
-        raise ValueError(f"{KILL_ENV}={spec!r}: expected '<rank>:<items>', e.g. '1:1'") from None
-    return n if who == rank else None
-
-
-def open_progress(result_path: Path, identity: dict[str, Any], restart: bool, ranks: Ranks,
-                  replace_other: bool = False) -> RankProgress:
+def open_progress(
+    result_path: Path, identity: dict[str, Any], restart: bool, ranks: Ranks, replace_other: bool = False
+) -> RankProgress:
     """This rank's progress file, opened or created, with the records of every progress file of the result.
 
     --restart (restart=True) discards them: each rank its own, rank 0 those of no current rank. With
@@ -224,8 +211,9 @@ def open_progress(result_path: Path, identity: dict[str, Any], restart: bool, ra
         barrier(ranks)  # every rank has read the headers before any rank deletes a file
         if other and ranks.main:
             path, diff = other[0]
-            print(f"{path}: discarding an unfinished run of another config or code ({'; '.join(diff)})",
-                  file=sys.stderr)
+            print(
+                f"{path}: discarding an unfinished run of another config or code ({'; '.join(diff)})", file=sys.stderr
+            )
         restart = bool(other)
     if restart:
         own.unlink(missing_ok=True)
@@ -253,8 +241,9 @@ def remove_progress(result_path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def gather_records(records: list[dict[str, Any]], shard_items: list[dict[str, Any]], ids: list[str],
-                   ranks: Ranks) -> list[dict[str, Any]] | None:
+def gather_records(
+    records: list[dict[str, Any]], shard_items: list[dict[str, Any]], ids: list[str], ranks: Ranks
+) -> list[dict[str, Any]] | None:
     """On rank 0: every rank's records of its shard, in the task's item order (`ids`); None on the other ranks."""
     if not ranks.parallel:
         return R.records_in_order(records, ids)
@@ -289,8 +278,9 @@ def rank_figures(adapter, shard_records: list[dict[str, Any]]) -> dict[str, Any]
     return {"device": device, "gpu": gpu, "peak_memory": R.peak_memory(), "items": len(shard_records), "loop_s": loop}
 
 
-def gather_figures(ranks: Ranks, adapter, records: list[dict[str, Any]],
-                   shard_items: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def gather_figures(
+    ranks: Ranks, adapter, records: list[dict[str, Any]], shard_items: list[dict[str, Any]]
+) -> list[dict[str, Any]] | None:
     """Every rank's rank_figures (on every rank), or None for one process."""
     if not ranks.parallel:
         return None
@@ -308,9 +298,15 @@ def record_parallel(result: dict[str, Any], figures: list[dict[str, Any]]) -> di
     n = sum(f["items"] for f in figures)
     system["device"] = ",".join(f["device"] for f in figures)
     peaks = [f["peak_memory"] for f in figures] + [system["peak_memory"]]
-    system["peak_memory"] = {key: max((p[key] for p in peaks if p[key] is not None), default=None)
-                             for key in ("cpu_rss_bytes", "cuda_bytes")}
-    system["parallel"] = {"world_size": len(figures), "devices": [f["device"] for f in figures],
-                          "gpus": [f["gpu"] for f in figures], "shard_items": [f["items"] for f in figures],
-                          "wall_s": wall, "items_per_s": n / wall if wall > 0 else None}
+    system["peak_memory"] = {
+        key: max((p[key] for p in peaks if p[key] is not None), default=None) for key in ("cpu_rss_bytes", "cuda_bytes")
+    }
+    system["parallel"] = {
+        "world_size": len(figures),
+        "devices": [f["device"] for f in figures],
+        "gpus": [f["gpu"] for f in figures],
+        "shard_items": [f["items"] for f in figures],
+        "wall_s": wall,
+        "items_per_s": n / wall if wall > 0 else None,
+    }
     return result

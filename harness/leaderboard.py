@@ -10,7 +10,10 @@ results/leaderboard/index.html (harness.report_html; built, not committed).
 Order, for a reader: measured results of trained weights; speed and memory of each GPU kind; published numbers; then,
 collapsed, the pipeline checks: results of models without trained weights (tiny replicas, or real shapes with random
 weights), which show that the code path runs, how fast and in how much memory, never how accurate a method is.
+The kernel targets (met or missed) are a developer's gate, not a result: `oscar-eval bench-check` reads them, this page
+does not show them. Bench runs (`oscar-eval bench` writes them to the git-ignored results/bench/runs/) are never read.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +28,17 @@ from harness import results as R
 from harness.bench import check as bench_check
 
 # Display order of the presets (quant.list_methods()); unknown names follow alphabetically.
-METHOD_ORDER = ("bf16", "kivi", "quarot", "rotatekv", "ott", "turboquant", "oscar",
-                "oscar-rotation-only", "oscar-scaling-only")
+METHOD_ORDER = (
+    "bf16",
+    "kivi",
+    "quarot",
+    "rotatekv",
+    "ott",
+    "turboquant",
+    "oscar",
+    "oscar-rotation-only",
+    "oscar-scaling-only",
+)
 README_START = "<!-- leaderboard:start -->"
 README_END = "<!-- leaderboard:end -->"
 GiB = 2**30
@@ -59,8 +71,10 @@ def main(args: argparse.Namespace) -> int:
     from harness import report_html
 
     html_path = report_html.write(Path(args.html), board)
-    print(f"{len(runs)} result files, {len(bench)} bench reference(s) -> {args.markdown}, {html_path}"
-          + (f", {args.readme} (results section)" if updated else f" ({args.readme} has no {README_START} marker)"))
+    print(
+        f"{len(runs)} result files, {len(bench)} bench reference(s) -> {args.markdown}, {html_path}"
+        + (f", {args.readme} (results section)" if updated else f" ({args.readme} has no {README_START} marker)")
+    )
     return 0
 
 
@@ -86,10 +100,19 @@ def load_runs(runs_dir: Path) -> list[dict[str, Any]]:
 
 def load_bench(bench_dir: Path) -> dict[str, dict[str, Any]]:
     """{GPU kind: its reference bench JSON (harness.bench's format), with the file's path in '_path'} for every
-    <kind>.json directly under bench_dir; a file that is not a bench result stops the build with its name."""
-    out = {}
-    for path in sorted(bench_dir.glob("*.json")) if bench_dir.is_dir() else []:
+    <kind>.json directly under bench_dir (harness.bench.check.reference_paths: never a bench run). A file that is not
+    a bench result, a bench run's file, or a second reference of one GPU stops the build with the names."""
+    out: dict[str, dict[str, Any]] = {}
+    by_device: dict[str, Path] = {}
+    for path in bench_check.reference_paths(bench_dir):
         data = bench_check.load(path)
+        device = (data.get("environment") or {}).get("device")
+        if device and device in by_device:
+            raise bench_check.BenchFileError(
+                f"{by_device[device]} and {path}: two bench references of one GPU ({device}); keep one "
+                f"<gpu-kind>.json per GPU kind (bench runs belong in {bench_dir}/runs/)"
+            )
+        by_device.setdefault(device, path)
         data["_path"] = str(path)
         out[path.stem] = data
     return out
@@ -143,27 +166,28 @@ def _by_method(groups: Group) -> Group:
 @dataclass
 class Table:
     """A table as text cells, shared by the markdown and the HTML page."""
+
     title: str
     header: list[str]
     rows: list[list[str]]
     row_ids: list[str] = field(default_factory=list)  # result file of each row (HTML data-run)
-    marked: list[bool] = field(default_factory=list)  # rows to highlight (missed targets)
     note: str = ""
 
 
 @dataclass
 class Speed:
     """One GPU kind's bench reference as tables, and the data its plots draw."""
+
     gpu: str
     data: dict[str, Any]
     e2e: Table | None
-    targets: Table | None
     kernels: Table | None
 
 
 @dataclass
 class Board:
     """What the markdown and the HTML page show, in their order (harness.report_html draws from it)."""
+
     n_files: int
     results: list[tuple[Table, list[dict[str, Any]]]]  # trained weights: a table and its runs per group
     speed: list[Speed]
@@ -179,18 +203,31 @@ class Board:
 def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench: dict[str, dict[str, Any]]) -> Board:
     mark_stale(runs)
     real, checks = group_runs(runs)
-    speed = [Speed(gpu, data, e2e_table(gpu, data), targets_table(gpu, data), kernel_table(gpu, data))
-             for gpu, data in bench.items()]
+    speed = [Speed(gpu, data, e2e_table(gpu, data), kernel_table(gpu, data)) for gpu, data in bench.items()]
     published = list(zip(paper_tables(paper), paper.get("benchmarks", []))) if paper else []
     methods = sorted({r["method"]["name"] for r in runs}, key=method_rank)
     n_checks = sum(len(g) for g in checks.values())
-    costs = [Table(f"{task} · {model} · {gpu}", eval_cost.HEADER, rows,
-                   note=COST_NOTE.format(n=eval_cost.BENCHMARK_ITEMS[task]))
-             for (task, model, gpu), rows in sorted(eval_cost.cost_rows(runs).items())]
-    return Board(len(runs), [(result_table(k, g), g) for k, g in real.items()], speed,
-                 paper["source"] if paper else None, published,
-                 [result_table(k, g, pipeline_check=True) for k, g in checks.items()], methods,
-                 INTRO.format(n=len(runs)), CHECKS_TITLE.format(n=n_checks), costs)
+    costs = [
+        Table(
+            f"{task} · {model} · {gpu}",
+            eval_cost.HEADER,
+            rows,
+            note=COST_NOTE.format(n=eval_cost.BENCHMARK_ITEMS[task]),
+        )
+        for (task, model, gpu), rows in sorted(eval_cost.cost_rows(runs).items())
+    ]
+    return Board(
+        len(runs),
+        [(result_table(k, g), g) for k, g in real.items()],
+        speed,
+        paper["source"] if paper else None,
+        published,
+        [result_table(k, g, pipeline_check=True) for k, g in checks.items()],
+        methods,
+        INTRO.format(n=len(runs)),
+        CHECKS_TITLE.format(n=n_checks),
+        costs,
+    )
 
 
 # ---------------------------------------------------------------- result tables
@@ -240,13 +277,20 @@ def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bo
         m = r["metrics"][r["primary_metric"]]
         ci = f" [{fmt(m['ci_low'])}, {fmt(m['ci_high'])}]" if m["ci_low"] is not None else ""
         row["metric"] = f"{fmt(m['value'])}{ci}"
-    return {**row, "items": str(len(r["samples"])), "failed": str(failed_items(r)),
-            "bits/elt": fmt(s["bits_per_element"], 3), "KV KiB/item": fmt(kv / 1024 if kv is not None else None, 4),
-            "vs bf16": f"{ref_kv / kv:.2f}x" if kv and ref_kv else "–",
-            "tok/s": fmt(s["tokens_per_s"], 3) + (" (graphs)" if (s.get("graph_decode_share") or 0) >= 0.5 else ""),
-            "items/s": fmt(s.get("items_per_s"), 3), "kernel steps": percent(s.get("kernel_step_share")),
-            "peak memory": peak_memory(s), "device": s["device"],
-            "commit": (r["environment"]["git_commit"] or "–")[:8] + (" (stale)" if r.get("_stale") else "")}
+    return {
+        **row,
+        "items": str(len(r["samples"])),
+        "failed": str(failed_items(r)),
+        "bits/elt": fmt(s["bits_per_element"], 3),
+        "KV KiB/item": fmt(kv / 1024 if kv is not None else None, 4),
+        "vs bf16": f"{ref_kv / kv:.2f}x" if kv and ref_kv else "–",
+        "tok/s": fmt(s["tokens_per_s"], 3) + (" (graphs)" if (s.get("graph_decode_share") or 0) >= 0.5 else ""),
+        "items/s": fmt(s.get("items_per_s"), 3),
+        "kernel steps": percent(s.get("kernel_step_share")),
+        "peak memory": peak_memory(s),
+        "device": s["device"],
+        "commit": (r["environment"]["git_commit"] or "–")[:8] + (" (stale)" if r.get("_stale") else ""),
+    }
 
 
 def partial_tag(r: dict[str, Any]) -> str:
@@ -272,8 +316,9 @@ def stale_note(runs: list[dict[str, Any]]) -> str:
             by_reason.setdefault(reason, []).append(r["method"]["name"] + partial_tag(r))
     if not by_reason:
         return ""
-    parts = [f"{', '.join(names) if len(names) < len(runs) else 'all'}: {reason}"
-             for reason, names in by_reason.items()]
+    parts = [
+        f"{', '.join(names) if len(names) < len(runs) else 'all'}: {reason}" for reason, names in by_reason.items()
+    ]
     return "Stale, not what this code computes (`make eval ... OPTS=--force` reruns one): " + " · ".join(parts) + "."
 
 
@@ -298,8 +343,13 @@ def result_table(key, runs: list[dict[str, Any]], pipeline_check: bool = False) 
     header = list(rows[0])
     if not pipeline_check:
         header[2] = metric_header(runs)
-    return Table(group_title(key, runs), header, [list(r.values()) for r in rows], [r["_path"] for r in runs],
-                 note=stale_note(runs))
+    return Table(
+        group_title(key, runs),
+        header,
+        [list(r.values()) for r in rows],
+        [r["_path"] for r in runs],
+        note=stale_note(runs),
+    )
 
 
 def paper_tables(paper: dict[str, Any]) -> list[Table]:
@@ -309,8 +359,10 @@ def paper_tables(paper: dict[str, Any]) -> list[Table]:
         labels = bench.get("method_labels", {})
         sub = bool(bench.get("submetrics"))
         header = ["model"] + (["metric"] if sub else []) + [labels.get(m, m) for m in bench["methods"]]
-        rows = [[row["model"]] + ([row["submetric"]] if sub else [])
-                + [fmt(row["values"].get(m)) for m in bench["methods"]] for row in bench["rows"]]
+        rows = [
+            [row["model"]] + ([row["submetric"]] if sub else []) + [fmt(row["values"].get(m)) for m in bench["methods"]]
+            for row in bench["rows"]
+        ]
         out.append(Table(f"{bench['task']} — {bench['metric']} (published)", header, rows))
     return out
 
@@ -331,18 +383,43 @@ def e2e_table(gpu: str, data: dict[str, Any]) -> Table | None:
         if not (bf and oq):
             continue
         tps = [r.get("graph_tokens_per_s", r.get("tokens_per_s")) for r in (bf, oq)]
-        rows.append([f"{ctx // 1024}K" + (" (largest batch that fits)" if largest else ""),
-                     f"{bf['batch']} / {oq['batch']}", fmt(bf.get("graph_step_ms"), 3), fmt(oq.get("graph_step_ms"), 3),
-                     fmt(tps[0], 3), fmt(tps[1], 3), ratio_text(bench_check.ratio(tps[1], tps[0])),
-                     gib(bf.get("kv_bytes")), gib(oq.get("kv_bytes")),
-                     gib(bf.get("peak_bytes")), gib(oq.get("peak_bytes"))])
+        rows.append(
+            [
+                f"{ctx // 1024}K" + (" (largest batch that fits)" if largest else ""),
+                f"{bf['batch']} / {oq['batch']}",
+                fmt(bf.get("graph_step_ms"), 3),
+                fmt(oq.get("graph_step_ms"), 3),
+                fmt(tps[0], 3),
+                fmt(tps[1], 3),
+                ratio_text(bench_check.ratio(tps[1], tps[0])),
+                gib(bf.get("kv_bytes")),
+                gib(oq.get("kv_bytes")),
+                gib(bf.get("peak_bytes")),
+                gib(oq.get("peak_bytes")),
+            ]
+        )
     if not rows:
         return None
-    header = ["context", "batch BF16 / OScaR", "step ms BF16", "step ms OScaR", "tok/s BF16", "tok/s OScaR",
-              "tok/s ratio", "KV GiB BF16", "KV GiB OScaR", "peak GiB BF16", "peak GiB OScaR"]
+    header = [
+        "context",
+        "batch BF16 / OScaR",
+        "step ms BF16",
+        "step ms OScaR",
+        "tok/s BF16",
+        "tok/s OScaR",
+        "tok/s ratio",
+        "KV GiB BF16",
+        "KV GiB OScaR",
+        "peak GiB BF16",
+        "peak GiB OScaR",
+    ]
     device = (data.get("environment") or {}).get("device", gpu)
-    return Table(f"Decode end to end, Qwen3-8B shape, {device}", header, rows,
-                 note=f"{data['_path']}: CUDA graph replays of one decode step over a filled cache; peak: the GPU's.")
+    return Table(
+        f"Decode end to end, Qwen3-8B shape, {device}",
+        header,
+        rows,
+        note=f"{data['_path']}: CUDA graph replays of one decode step over a filled cache; peak: the GPU's.",
+    )
 
 
 def ratio_text(x: float | None) -> str:
@@ -354,10 +431,16 @@ def gib(n: Any) -> str:
     return fmt(x / GiB if x is not None else None, 3)
 
 
-KERNEL_COLUMNS = {"oscar_cuda_graph_us": "OScaR CUDA", "oscar_cuda_graph_clean_us": "OScaR CUDA, clean L2",
-                  "oscar_triton_graph_us": "OScaR Triton", "best_bf16_graph_us": "best BF16",
-                  "best_bf16_graph_clean_us": "best BF16, clean L2", "speedup_cuda_graph": "speedup",
-                  "floor_read_us": "read floor", "floor_read_clean_us": "read floor, clean L2"}
+KERNEL_COLUMNS = {
+    "oscar_cuda_graph_us": "OScaR CUDA",
+    "oscar_cuda_graph_clean_us": "OScaR CUDA, clean L2",
+    "oscar_triton_graph_us": "OScaR Triton",
+    "best_bf16_graph_us": "best BF16",
+    "best_bf16_graph_clean_us": "best BF16, clean L2",
+    "speedup_cuda_graph": "speedup",
+    "floor_read_us": "read floor",
+    "floor_read_clean_us": "read floor, clean L2",
+}
 SHAPE_ORDER = ("qwen3-8b", "llava-7b", "qwen3-omni-thinker")
 
 
@@ -366,37 +449,25 @@ def kernel_table(gpu: str, data: dict[str, Any]) -> Table | None:
     KERNEL_COLUMNS."""
     points = [k for k in data.get("kernels") or [] if "error" not in k]
     points.sort(key=lambda k: (shape_rank(k.get("shape")), k.get("batch", 0), k.get("context", 0)))
-    rows = [[str(k.get("shape")), str(k.get("batch")), str(k.get("context"))]
-            + [fmt(bench_check.num(k.get(key)), 3) for key in KERNEL_COLUMNS] for k in points]
+    rows = [
+        [str(k.get("shape")), str(k.get("batch")), str(k.get("context"))]
+        + [fmt(bench_check.num(k.get(key)), 3) for key in KERNEL_COLUMNS]
+        for k in points
+    ]
     if not rows:
         return None
-    return Table(f"Decode attention, us, {(data.get('environment') or {}).get('device', gpu)}",
-                 ["shape", "batch", "context", *KERNEL_COLUMNS.values()], rows,
-                 note="CUDA graph replays after do_bench's L2 flush, or after a read-only flush (clean L2: what a "
-                      "model's decode step sees); speedup: best BF16 / OScaR CUDA; read floor: a bare stream of the "
-                      "same packed bytes, what no decode goes below.")
+    return Table(
+        f"Decode attention, us, {(data.get('environment') or {}).get('device', gpu)}",
+        ["shape", "batch", "context", *KERNEL_COLUMNS.values()],
+        rows,
+        note="CUDA graph replays after do_bench's L2 flush, or after a read-only flush (clean L2: what a "
+        "model's decode step sees); speedup: best BF16 / OScaR CUDA; read floor: a bare stream of the "
+        "same packed bytes, what no decode goes below.",
+    )
 
 
 def shape_rank(shape: str | None) -> tuple[int, str]:
     return (SHAPE_ORDER.index(shape), "") if shape in SHAPE_ORDER else (len(SHAPE_ORDER), str(shape))
-
-
-def targets_table(gpu: str, data: dict[str, Any]) -> Table | None:
-    """The kernel targets read from the reference (harness.bench.check.target_rows), missed ones marked."""
-    targets = bench_check.target_rows(data)
-    if not targets:
-        return None
-    rows = [[t["target"], t["shape"], ("<= " if not t["higher_is_better"] else ">= ") + f"{t['threshold']:g}",
-             fmt(t["dirty"], 3), fmt(t["clean"], 3),
-             "–" if t["ceiling"] is None and t["ceiling_clean"] is None
-             else f"{fmt(t['ceiling'], 3)} / {fmt(t['ceiling_clean'], 3)}",
-             t["status"]] for t in targets]
-    return Table(f"Kernel targets, {data['_path']}", ["target", "shape", "need", "dirty", "clean", "ceiling", "status"],
-                 rows, marked=[t["status"].startswith("MISSED") for t in targets],
-                 note="Dirty / clean: after do_bench's zero-fill flush / after a read-only flush. Ceiling: best BF16 "
-                      "over a bare stream of the same bytes (no kernel of these bytes goes beyond it); for the KV "
-                      "memory, the cap of OScaR's storage format with its 128-token bf16 window. "
-                      f"`make bench-check B={data['_path']}` prints this.")
 
 
 # ---------------------------------------------------------------- markdown
@@ -423,27 +494,36 @@ def markdown(board: Board, short: bool = False) -> str:
         parts.append(f"### Published numbers (not measured here)\n\nSource: {board.source}.")
         parts += [f"#### {t.title}\n\n" + md_table(t) for t, _ in board.published]
     if board.checks:
-        tables = "\n\n".join(f"#### {t.title}\n\n{md_table(t)}" + (f"\n\n{t.note}" if t.note else "")
-                               for t in board.checks)
+        tables = "\n\n".join(
+            f"#### {t.title}\n\n{md_table(t)}" + (f"\n\n{t.note}" if t.note else "") for t in board.checks
+        )
         parts.append(f"<details><summary>{board.checks_title}</summary>\n\n{tables}\n\n</details>")
     return "\n\n".join(parts) + "\n"
 
 
-INTRO = ("Built by `make leaderboard` from {n} result files under `results/runs/` and the bench reference of each GPU "
-         "kind under `results/bench/`. Intervals: percentile bootstrap over items; failed: items that ended in an "
-         "error.")
+INTRO = (
+    "Built by `make leaderboard` from {n} result files under `results/runs/` and the bench reference of each GPU "
+    "kind under `results/bench/`. Intervals: percentile bootstrap over items; failed: items that ended in an "
+    "error."
+)
 NO_RESULTS = "No results of trained weights yet: `make eval MODEL=<model> QUANT=<method>` writes one."
-README_MORE = ("The paper's published numbers and {n} pipeline checks (models without trained weights) are in "
-               "[results/LEADERBOARD.md](results/LEADERBOARD.md); `make leaderboard` also writes "
-               "results/leaderboard/index.html, with plots, the decode-attention times and the kernel targets.")
+README_MORE = (
+    "The paper's published numbers and {n} pipeline checks (models without trained weights) are in "
+    "[results/LEADERBOARD.md](results/LEADERBOARD.md); `make leaderboard` also writes "
+    "results/leaderboard/index.html, with plots and the decode-attention times."
+)
 
-COST_NOTE = ("Extrapolated to the benchmark's {n} items from the measured items of a real-size model with random "
-             "weights (speed and memory do not depend on the weights' values, but random weights never stop early: "
-             "every item decodes its whole token budget, so the hours are an upper bound); decode: the path the steps "
-             "took.")
+COST_NOTE = (
+    "Extrapolated to the benchmark's {n} items from the measured items of a real-size model with random "
+    "weights (speed and memory do not depend on the weights' values, but random weights never stop early: "
+    "every item decodes its whole token budget, so the hours are an upper bound); decode: the path the steps "
+    "took."
+)
 
-CHECKS_TITLE = ("Pipeline checks: {n} results of models without trained weights (tiny replicas or random weights): "
-                "they show that the code path runs, its speed and memory, not accuracy")
+CHECKS_TITLE = (
+    "Pipeline checks: {n} results of models without trained weights (tiny replicas or random weights): "
+    "they show that the code path runs, its speed and memory, not accuracy"
+)
 
 
 def update_readme(readme: Path, md: str) -> bool:

@@ -1,4 +1,5 @@
 """`oscar-eval list [models|methods|tasks|runs]`: what can be evaluated, and what has been."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,10 @@ def main(args: argparse.Namespace) -> int:
 def list_models(args) -> list[str]:
     from harness import models as M
 
-    rows = [(s.name, s.family, s.default_task, str(s.gpu_batch_size), s.hub_id)
-            for s in (M.get_spec(n) for n in M.list_models())]
+    rows = [
+        (s.name, s.family, s.default_task, str(s.gpu_batch_size), s.hub_id)
+        for s in (M.get_spec(n) for n in M.list_models())
+    ]
     return _columns(rows, ("name", "family", "default task", "GPU batch", "hub id"))
 
 
@@ -49,9 +52,11 @@ def list_methods(args) -> list[str]:
 
 
 # A config's `bits` cannot know the head dim, which sets how much its norms and scales add per element.
-CODE_BITS_NOTE = ("code bits: per element, before scales, zero points and norms (turboquant's 2.25 is 2.5 bits per "
-                  "element at head dim 128 with its two fp16 norms a token); a result's bits per element count "
-                  "everything stored")
+CODE_BITS_NOTE = (
+    "code bits: per element, before scales, zero points and norms (turboquant's 2.25 is 2.5 bits per "
+    "element at head dim 128 with its two fp16 norms a token); a result's bits per element count "
+    "everything stored"
+)
 
 
 def list_tasks(args) -> list[str]:
@@ -78,21 +83,24 @@ def list_runs(args) -> list[str]:
         r = R.read_result(path)
         m = r["metrics"][r["primary_metric"]]
         reasons = provenance.stale_reasons(r)
-        rows.append((str(path), r["primary_metric"], R.number(m["value"]), m["n"], r["date"],
-                     "stale" if reasons else "current"))
+        rows.append(
+            (str(path), r["primary_metric"], R.number(m["value"]), m["n"], r["date"], "stale" if reasons else "current")
+        )
         stale += [f"{path}: {'; '.join(reasons)}"] if reasons else []
     lines = _columns(rows, ("file", "metric", "value", "n", "date", "status"))
     lines += [f"stale (`oscar-eval eval ... --force` reruns one): {len(stale)} of {len(rows)}"] + stale if stale else []
     unfinished = sorted(root.rglob("*.partial.jsonl")) if root.exists() else []
-    lines += [f"unfinished: {p} ({R.progress_count(p)} items recorded; rerun its command to resume, or delete it)"
-              for p in unfinished]
+    lines += [
+        f"unfinished: {p} ({R.progress_count(p)} items recorded; rerun its command to resume, or delete it)"
+        for p in unfinished
+    ]
     return lines
 
 
 def _columns(rows, header) -> list[str]:
-    table = [tuple(header)] + [tuple("-" if c is None else (f"{c:.4g}" if isinstance(c, float) else str(c))
-                                     for c in row)
-                               for row in rows]
+    table = [tuple(header)] + [
+        tuple("-" if c is None else (f"{c:.4g}" if isinstance(c, float) else str(c)) for c in row) for row in rows
+    ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table] if rows else []
 

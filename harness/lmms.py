@@ -14,6 +14,7 @@ Two lmms-eval habits are neutralised here:
 - Many lmms-eval models catch exceptions and return "" as the answer, which silently lowers scores.
   We never do: a failing request raises with its task and doc id.
 """
+
 from __future__ import annotations
 
 import gc
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 from lmms_eval.api.model import lmms
 
-from harness.models.base import Prompt
+from tasks.contract import Prompt
 
 
 def parse_options(text: str | None) -> dict[str, Any]:
@@ -74,9 +75,19 @@ class OscarEvalLMM(lmms):
     is_simple = True
     default_model: str | None = None
 
-    def __init__(self, model: str | None = None, quant: str = "oscar", quant_options: str | None = None,
-                 model_path: str | None = None, device: str | None = None, dtype: str | None = None,
-                 device_map: str | None = None, max_new_tokens: int = 128, batch_size: int = 1, **unused):
+    def __init__(
+        self,
+        model: str | None = None,
+        quant: str = "oscar",
+        quant_options: str | None = None,
+        model_path: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        device_map: str | None = None,
+        max_new_tokens: int = 128,
+        batch_size: int = 1,
+        **unused,
+    ):
         super().__init__()
         import quant as quant_lib
 
@@ -87,8 +98,10 @@ class OscarEvalLMM(lmms):
         self.method = quant_lib.get_method(quant, **parse_options(quant_options))
         ranks = int(os.environ.get("WORLD_SIZE", "1"))
         if ranks > 1 and device_map is not None:
-            raise ValueError(f"device_map={device_map!r} under {ranks} processes: each process holds a whole model on "
-                             "its own GPU; drop device_map, or run one process with device_map=auto")
+            raise ValueError(
+                f"device_map={device_map!r} under {ranks} processes: each process holds a whole model on "
+                "its own GPU; drop device_map, or run one process with device_map=auto"
+            )
         if device is None and torch.cuda.is_available():  # accelerate launch: each process on its own GPU
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
         self._device = torch.device(device or "cpu")
@@ -96,6 +109,7 @@ class OscarEvalLMM(lmms):
         self.max_new_tokens = int(max_new_tokens)
         self.batch_size = int(batch_size)
         self._adapter = None
+        self._runner = None
 
     @property
     def adapter(self):
@@ -107,6 +121,17 @@ class OscarEvalLMM(lmms):
         return self._adapter
 
     @property
+    def runner(self):
+        """The method's runner over the adapter (harness/runner.py: the model prepared for the method, the default
+        kernel options), made on first use and after `clean()`."""
+        if self._runner is None:
+            from harness.models import traits_of
+            from harness.runner import Runner
+
+            self._runner = Runner(self.adapter, self.method, traits=traits_of(self.model_name))
+        return self._runner
+
+    @property
     def tokenizer(self):
         return self.adapter.tokenizer
 
@@ -116,11 +141,11 @@ class OscarEvalLMM(lmms):
         return self._device
 
     def generate_until(self, requests) -> list[str]:
-        """Answers in request order; `batch_size` requests of one task and one generation setting share a
-        left-padded generate (each gets its batch-1 tokens, harness/models/batching.py)."""
+        """Answers in request order; `batch_size` requests of one generation setting share a left-padded generate
+        (each gets its batch-1 tokens, harness/runner.py)."""
         out = []
         for start in range(0, len(requests), self.batch_size):
-            chunk = [r.args for r in requests[start:start + self.batch_size]]
+            chunk = [r.args for r in requests[start : start + self.batch_size]]
             prompts, settings = [], []
             for context, gen_kwargs, doc_to_visual, doc_id, task, split in chunk:
                 try:
@@ -134,23 +159,19 @@ class OscarEvalLMM(lmms):
         return out
 
     def _answer(self, prompts, settings, chunk):
-        one_setting = len(set(settings)) == 1
-        try:
-            if len(prompts) > 1 and one_setting and hasattr(self.adapter, "generate_batch"):
-                return self.adapter.generate_batch(prompts, self.method, max_new_tokens=settings[0])
-        except Exception as err:
-            raise self._failed(chunk[0][4], [c[3] for c in chunk], err) from err
-        answers = []
-        for prompt, max_new, args in zip(prompts, settings, chunk):
-            try:
-                answers.append(self.adapter.generate(prompt, self.method, max_new_tokens=max_new))
-            except Exception as err:
-                raise self._failed(args[4], args[3], err) from err
-        return answers
+        from tasks.contract import Generate
+
+        responses = self.runner.run([Generate(p, n) for p, n in zip(prompts, settings)])
+        for response, args in zip(responses, chunk):
+            if response.error:
+                raise self._failed(args[4], args[3], RuntimeError(response.error))
+        return responses
 
     def _failed(self, task, doc_id, err) -> RuntimeError:
-        return RuntimeError(f"oscar-eval {self.model_name}/{self.method.name}: task {task} doc {doc_id} "
-                            f"failed ({type(err).__name__}: {err}); not answering it with ''")
+        return RuntimeError(
+            f"oscar-eval {self.model_name}/{self.method.name}: task {task} doc {doc_id} "
+            f"failed ({type(err).__name__}: {err}); not answering it with ''"
+        )
 
     def loglikelihood(self, requests):
         raise NotImplementedError("oscar-eval models only generate (generate_until); pick a generation task")
@@ -160,7 +181,9 @@ class OscarEvalLMM(lmms):
 
     def clean(self):
         """Release the weights (lmms-eval calls this after a run); the next request reloads them."""
-        self._adapter = None
+        if self._runner is not None:
+            self._runner.close()
+        self._adapter = self._runner = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

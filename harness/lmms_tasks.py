@@ -15,6 +15,7 @@ from the `datasets` cache of an earlier online load. This writes `<out>/<name>.y
 - mmau-pro: the YAML reads the folder's own test.parquet (official or generated); the audio stays where
   it is and the task finds it through MMAU_PRO_PATH, which the command prints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,10 @@ import tasks as tasks_pkg
 from tasks.base import TaskDataError
 
 SHIPPED = Path(tasks_pkg.__file__).resolve().parent / "lmms"
-YAMLS = {"ocrbench": SHIPPED / "oscar_ocrbench" / "oscar_ocrbench.yaml",
-         "mmau-pro": SHIPPED / "mmau_pro" / "mmau_pro.yaml"}
+YAMLS = {
+    "ocrbench": SHIPPED / "oscar_ocrbench" / "oscar_ocrbench.yaml",
+    "mmau-pro": SHIPPED / "mmau_pro" / "mmau_pro.yaml",
+}
 DEFAULT_NAMES = {"ocrbench": "oscar_ocrbench_local", "mmau-pro": "mmau_pro_local"}
 
 
@@ -37,10 +40,16 @@ def write_task_yaml(task: str, name: str, parquet: Path, out: Path) -> Path:
     """<out>/<name>.yaml: the shipped task of `task` reading `parquet` as its test split."""
     shipped = YAMLS[task]
     if not shipped.exists():
-        raise FileNotFoundError(f"{shipped} is missing: run from a checkout of oscar-eval (pip install -e .), "
-                                "whose tasks/lmms folder holds the shipped YAMLs")
-    config = {"include": str(shipped), "task": name, "dataset_path": "parquet",
-              "dataset_kwargs": {"data_files": {"test": str(Path(parquet).resolve())}}}
+        raise FileNotFoundError(
+            f"{shipped} is missing: run from a checkout of oscar-eval (pip install -e .), "
+            "whose tasks/lmms folder holds the shipped YAMLs"
+        )
+    config = {
+        "include": str(shipped),
+        "task": name,
+        "dataset_path": "parquet",
+        "dataset_kwargs": {"data_files": {"test": str(Path(parquet).resolve())}},
+    }
     path = out / f"{name}.yaml"
     header = f"# {task} on local data, written by `python -m harness.lmms_tasks` (docs/LMMS_EVAL.md)\n"
     path.write_text(header + yaml.safe_dump(config, sort_keys=False))
@@ -67,9 +76,15 @@ def ocrbench_parquet(data: str | None, target: Path) -> int:
         rows["question_type"].append(item["question_type"])
         rows["answer"].append(item["answers"])
         rows["image"].append({"bytes": raw, "path": None})
-    features = datasets.Features({"dataset": datasets.Value("string"), "question": datasets.Value("string"),
-                                  "question_type": datasets.Value("string"),
-                                  "answer": datasets.Sequence(datasets.Value("string")), "image": datasets.Image()})
+    features = datasets.Features(
+        {
+            "dataset": datasets.Value("string"),
+            "question": datasets.Value("string"),
+            "question_type": datasets.Value("string"),
+            "answer": datasets.Sequence(datasets.Value("string")),
+            "image": datasets.Image(),
+        }
+    )
     datasets.Dataset.from_dict(rows, features=features).to_parquet(str(target))
     return len(items)
 
@@ -97,8 +112,10 @@ def mmau_pro_folder(data: str | None) -> Path:
     else:
         folder = hub_snapshot(mmau_data.HUB_ID)
         if folder is None:
-            raise TaskDataError(f"MMAU-Pro data not found: {mmau_data.ENV_PATH} is unset and {mmau_data.HUB_ID} "
-                                f"is not in the HF cache; {mmau_data.HOW_TO}")
+            raise TaskDataError(
+                f"MMAU-Pro data not found: {mmau_data.ENV_PATH} is unset and {mmau_data.HUB_ID} "
+                f"is not in the HF cache; {mmau_data.HOW_TO}"
+            )
     mmau_data.load_path(folder)  # the schema check oscar-eval makes, before lmms-eval starts
     return folder.resolve()
 
@@ -120,11 +137,16 @@ def write_local_task(task: str, data: str | None, out: Path, name: str | None = 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.lmms_tasks", description=__doc__.splitlines()[0])
     parser.add_argument("task", choices=sorted(YAMLS))
-    parser.add_argument("--data", default=None, help="a path, 'generated', or nothing for the official data "
-                        "(OCRBENCH_PATH / MMAU_PRO_PATH, then the HF hub cache)")
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="a path, 'generated', or nothing for the official data "
+        "(OCRBENCH_PATH / MMAU_PRO_PATH, then the HF hub cache)",
+    )
     parser.add_argument("--out", default="lmms_local", help="folder for the task YAML (and OCRBench's parquet)")
-    parser.add_argument("--name", default=None,
-                        help="lmms-eval task name (default: oscar_ocrbench_local / mmau_pro_local)")
+    parser.add_argument(
+        "--name", default=None, help="lmms-eval task name (default: oscar_ocrbench_local / mmau_pro_local)"
+    )
     args = parser.parse_args(argv)
     import datasets
 
@@ -136,9 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     exports = "".join(f"export {k}={v}\n" for k, v in env.items())
     name = args.name or DEFAULT_NAMES[args.task]
-    print(f"wrote {path}\n{exports}lmms-eval --model <oscar model id> --model_args model=<name>,quant=<method> "
-          f"--tasks {name} --include_path {path.parent.resolve()} --output_path <folder>"
-          + (" --process_docs_parallel 1" if args.task == "mmau-pro" else ""))
+    print(
+        f"wrote {path}\n{exports}lmms-eval --model <oscar model id> --model_args model=<name>,quant=<method> "
+        f"--tasks {name} --include_path {path.parent.resolve()} --output_path <folder>"
+        + (" --process_docs_parallel 1" if args.task == "mmau-pro" else "")
+    )
     return 0
 
 

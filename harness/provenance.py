@@ -8,6 +8,7 @@ every module it imports at module level inside this project, transitively. `stal
 the checkout: its config against its preset, its task version, each code part; `oscar-eval eval` reruns a stale
 result, `oscar-eval list` and the leaderboard mark it.
 """
+
 from __future__ import annotations
 
 import ast
@@ -18,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 PACKAGES = ("harness", "quant", "tasks")
-# The eval loop every model path goes through (batching, seeding, what a record holds).
-LOOP = "harness.run"
+# The eval loop every model path goes through (batching, seeding, what a record holds) and the runner that answers
+# its requests (generate, teacher-forced scoring).
+LOOP = ("harness.run", "harness.runner", "harness.scoring")
 # The machinery every method runs inside: the cache that holds its layers, the weight folding, the attention
 # function transformers calls (quant.kernels.hf_decode: the torch reference on the CPU, a kernel on a GPU).
 CACHE = ("quant.cache", "quant.fold", "quant.attention", "quant.kernels.hf_decode")
@@ -54,8 +56,12 @@ def _module_level(body: list[ast.stmt]):
     for node in body:
         yield node
         if isinstance(node, (ast.If, ast.Try)):
-            for block in (node.body, node.orelse, getattr(node, "finalbody", []),
-                          *(h.body for h in getattr(node, "handlers", []))):
+            for block in (
+                node.body,
+                node.orelse,
+                getattr(node, "finalbody", []),
+                *(h.body for h in getattr(node, "handlers", [])),
+            ):
                 yield from _module_level(block)
 
 
@@ -96,9 +102,13 @@ def closure(roots: list[str]) -> dict[str, Path]:
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:] or [ast.Pass()]
     return tree
 
@@ -137,19 +147,29 @@ def kernel_files() -> dict[str, Path]:
     csrc = _package_root("quant")
     for folder in ([csrc / "csrc"] if csrc and (csrc / "csrc").is_dir() else []) + [Path(__file__).parents[1] / "csrc"]:
         if folder.is_dir():
-            files.update({f"csrc/{p.relative_to(folder)}": p for p in sorted(folder.rglob("*"))
-                          if p.suffix in (".cu", ".cuh", ".h", ".cpp")})
+            files.update(
+                {
+                    f"csrc/{p.relative_to(folder)}": p
+                    for p in sorted(folder.rglob("*"))
+                    if p.suffix in (".cu", ".cuh", ".h", ".cpp")
+                }
+            )
             break
     return files
 
 
-def code_parts(method_module: str, task_module: str, model_module: str, backend: str = "torch",
-               random_weights: bool = False) -> dict[str, str]:
+def code_parts(
+    method_module: str, task_module: str, model_module: str, backend: str = "torch", synthetic: str | None = None
+) -> dict[str, str]:
     """{part: digest} of the code a run goes through: the method, the task, the model path (the adapter, the builder
-    of random weights where used, the eval loop) and, on a kernel backend, the kernels."""
-    model_roots = [model_module, LOOP] + (["harness.models.shaped"] if random_weights else [])
-    parts = {"method": digest(closure([method_module, *CACHE])), "task": digest(closure([task_module])),
-             "model": digest(closure(model_roots))}
+    of its random weights where used: `synthetic`, the family's synthetic module; the eval loop) and, on a kernel
+    backend, the kernels."""
+    model_roots = [model_module, *LOOP] + ([synthetic] if synthetic else [])
+    parts = {
+        "method": digest(closure([method_module, *CACHE])),
+        "task": digest(closure([task_module])),
+        "model": digest(closure(model_roots)),
+    }
     if backend != "torch":
         parts["kernels"] = digest(kernel_files())
     return parts
@@ -157,16 +177,28 @@ def code_parts(method_module: str, task_module: str, model_module: str, backend:
 
 def parts_for(method: Any, task: Any, adapter: Any, backend: str, weights: str = "real") -> dict[str, str]:
     """code_parts of a run from its objects."""
-    return code_parts(type(method).__module__, type(task).__module__, type(adapter).__module__, backend,
-                      random_weights=weights == "random")
+    return code_parts(
+        type(method).__module__,
+        type(task).__module__,
+        type(adapter).__module__,
+        backend,
+        synthetic_module(adapter.spec.family) if weights == "random" else None,
+    )
+
+
+def synthetic_module(family: str) -> str:
+    """The module that builds a family's models with random weights (it imports the shared builder)."""
+    from harness.models import FAMILIES
+
+    return f"{FAMILIES.get(family, f'harness.models.{family}')}.synthetic"
 
 
 def current_parts(result: dict[str, Any]) -> dict[str, str] | None:
     """code_parts as this checkout would record them for `result`'s run; None when its method, task or model is not
     registered here."""
+    import tasks as T
     from harness import models as M
     from quant.methods import METHODS
-    import tasks as T
 
     config, model = result["method"]["config"], result["model"]
     cls = METHODS.get(config.get("method"))
@@ -174,16 +206,18 @@ def current_parts(result: dict[str, Any]) -> dict[str, str] | None:
     spec = M.MODELS.get(model["name"])
     if cls is None or task is None or spec is None:
         return None
-    random = model.get("weights") == "random" and not model.get("replica")
-    return code_parts(cls.__module__, task.split(":")[0], spec.adapter.split(":")[0], result["backend"], random)
+    synthetic = synthetic_module(spec.family) if model.get("weights") == "random" else None
+    return code_parts(
+        cls.__module__, task.split(":")[0], M.family_of(spec.name).adapter.split(":")[0], result["backend"], synthetic
+    )
 
 
 def preset_drift(result: dict[str, Any]) -> str | None:
     """How a result named after a preset differs from what its name means now: the preset as defined now, plus the
     fields its name says were changed (quant.methods.label, e.g. oscar+group_size=64). A field the config lacks (a
     setting added since it ran) differs too. None when they are the same."""
-    from quant.methods import PRESETS, get_method
     from harness import results as R
+    from quant.methods import PRESETS, get_method
 
     method = result["method"]
     preset, config = method.get("preset", method["name"]), method["config"]
@@ -194,8 +228,11 @@ def preset_drift(result: dict[str, Any]) -> str | None:
         now = R.jsonable(get_method(preset, **changes).to_dict())
     except (ValueError, TypeError) as err:
         return f"its name {method['name']!r} no longer makes a {preset} config ({err})"
-    diff = [f"{k} {config.get(k, 'absent')!r} -> {now.get(k, 'absent')!r}" for k in sorted(set(config) | set(now))
-            if config.get(k, "absent") != now.get(k, "absent")]
+    diff = [
+        f"{k} {config.get(k, 'absent')!r} -> {now.get(k, 'absent')!r}"
+        for k in sorted(set(config) | set(now))
+        if config.get(k, "absent") != now.get(k, "absent")
+    ]
     return f"config differs from {method['name']} now ({', '.join(diff)})" if diff else None
 
 
@@ -211,12 +248,15 @@ def stale_reasons(result: dict[str, Any]) -> list[str]:
             reasons.append(f"task version {result['task']['version']} -> {version}")
     except (KeyError, ImportError):
         pass
-    recorded, now = result.get("code"), current_parts(result)
-    commit = (result["environment"].get("git_commit") or "?")[:8]
+    now = current_parts(result)
+    return reasons + (code_changes(result, now) if now is not None or result.get("code") is None else [])
+
+
+def code_changes(result: dict[str, Any], now: dict[str, str]) -> list[str]:
+    """How the code parts `result` recorded differ from `now` (code_parts): one line naming the parts that changed
+    and the commit the result ran at, or that it records none; empty when they are the same."""
+    recorded, commit = result.get("code"), (result["environment"].get("git_commit") or "?")[:8]
     if recorded is None:
-        reasons.append(f"records no code fingerprint (ran at {commit})")
-    elif now is not None:
-        changed = [part for part in sorted(set(recorded) | set(now)) if recorded.get(part) != now.get(part)]
-        if changed:
-            reasons.append(f"{', '.join(changed)} code changed since {commit}")
-    return reasons
+        return [f"records no code fingerprint (ran at {commit})"]
+    changed = [part for part in sorted(set(recorded) | set(now)) if recorded.get(part) != now.get(part)]
+    return [f"{', '.join(changed)} code changed since {commit}"] if changed else []

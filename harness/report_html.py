@@ -3,10 +3,11 @@ opens from disk). Built by `make leaderboard` (harness.leaderboard builds the ta
 
 Order: results of trained weights (per group the table, quality against bits per element and against KV memory with
 the Pareto front, per-category bars where categories differ); speed and memory per GPU kind (the end-to-end decode,
-decode attention against context, the kernel times and targets); the paper's published numbers, labelled; then,
+decode attention against context, the kernel times); the paper's published numbers, labelled; then,
 collapsed and without plots, the pipeline checks of models without trained weights. A script on load writes how many
 plots decoded into <body data-plots-rendered>, which the headless-browser test reads.
 """
+
 from __future__ import annotations
 
 import base64
@@ -21,9 +22,7 @@ body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0
 table{border-collapse:collapse;margin:.5em 0 1em;font-size:14px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}
-table.targets td:nth-child(2),table.targets td:last-child{text-align:left}
-table.kernels th,table.targets th,table.e2e th{font-size:12px}table.targets td{white-space:nowrap}
-tr.missed td{background:#fde8e8}
+table.kernels th,table.e2e th{font-size:12px}
 section{margin-bottom:2.5em}img.plot{max-width:100%;border:1px solid #eee}p.note{font-size:13px;color:#555}
 .badge{display:inline-block;padding:1px 8px;border-radius:4px;font-size:12px;font-weight:600;color:#fff}
 .measured-badge{background:#2a7}.published-badge{background:#c60}.check-badge{background:#777}
@@ -31,18 +30,29 @@ section.published{background:#fff8ef;border-left:4px solid #c60;padding:.5em 1em
 details.checks{border-left:4px solid #aaa;padding:.5em 1em;background:#f7f7f7}
 details.checks summary{cursor:pointer;font-weight:600}
 """
-ONLOAD = ("<script>window.addEventListener('load',function(){var n=0;"
-          "document.querySelectorAll('img.plot').forEach(function(i){if(i.complete&&i.naturalWidth>0)n++;});"
-          "document.body.setAttribute('data-plots-rendered',String(n));});</script>")
+ONLOAD = (
+    "<script>window.addEventListener('load',function(){var n=0;"
+    "document.querySelectorAll('img.plot').forEach(function(i){if(i.complete&&i.naturalWidth>0)n++;});"
+    "document.body.setAttribute('data-plots-rendered',String(n));});</script>"
+)
 # One (colour, marker) per preset (quant.methods.PRESETS), fixed so a method looks the same on every plot whichever
 # others are shown: BF16 grey, OScaR red, each comparison preset a strong colour, its own-paper preset or variant the
 # light shade of that colour (OScaR's float zero point light red), every marker distinct as well.
 PRESET_STYLES = {
-    "bf16": ("#555555", "o"), "kivi": ("#1f77b4", "s"), "quarot": ("#ff7f0e", "D"), "rotatekv": ("#2ca02c", "^"),
-    "ott": ("#9467bd", "v"), "turboquant": ("#8c564b", "<"), "oscar": ("#d62728", ">"),
-    "oscar-rotation-only": ("#e377c2", "p"), "oscar-scaling-only": ("#17becf", "h"),
-    "kivi-own-paper": ("#aec7e8", "*"), "quarot-own-paper": ("#ffbb78", "P"), "rotatekv-own-paper": ("#98df8a", "X"),
-    "turboquant-own-paper": ("#c49c94", "d"), "oscar-float-zero": ("#ff9896", "H"),
+    "bf16": ("#555555", "o"),
+    "kivi": ("#1f77b4", "s"),
+    "quarot": ("#ff7f0e", "D"),
+    "rotatekv": ("#2ca02c", "^"),
+    "ott": ("#9467bd", "v"),
+    "turboquant": ("#8c564b", "<"),
+    "oscar": ("#d62728", ">"),
+    "oscar-rotation-only": ("#e377c2", "p"),
+    "oscar-scaling-only": ("#17becf", "h"),
+    "kivi-own-paper": ("#aec7e8", "*"),
+    "quarot-own-paper": ("#ffbb78", "P"),
+    "rotatekv-own-paper": ("#98df8a", "X"),
+    "turboquant-own-paper": ("#c49c94", "d"),
+    "oscar-float-zero": ("#ff9896", "H"),
     "turboquant-rotated-split": ("#bcbd22", "8"),
 }
 # Methods of no preset (a custom config's name) take pairs no preset uses, in the order they are shown.
@@ -70,11 +80,15 @@ def png(fig) -> str:
 
 def pareto(points: list[tuple[float, float]], higher_is_better: bool) -> list[int]:
     """Indices of points no other point beats: x (cost) no larger and y (quality) no worse, one strictly."""
+
     def better_or_equal(q, p):
         return q[0] <= p[0] and (q[1] >= p[1] if higher_is_better else q[1] <= p[1])
 
-    return [i for i, p in enumerate(points)
-            if not any(better_or_equal(q, p) and q != p for j, q in enumerate(points) if j != i)]
+    return [
+        i
+        for i, p in enumerate(points)
+        if not any(better_or_equal(q, p) and q != p for j, q in enumerate(points) if j != i)
+    ]
 
 
 # ---------------------------------------------------------------- plots of results
@@ -135,8 +149,13 @@ def category_plot(runs: list[dict[str, Any]], title: str, style: dict[str, tuple
     fig, ax = plt.subplots(figsize=(11, 3.8))
     width = 0.8 / len(runs)
     for k, (r, vals) in enumerate(zip(runs, values)):
-        ax.bar(np.arange(len(cats)) + k * width, [np.nan if v is None else v for v in vals], width,
-               color=style[r["method"]["name"]][0], label=r["method"]["name"])
+        ax.bar(
+            np.arange(len(cats)) + k * width,
+            [np.nan if v is None else v for v in vals],
+            width,
+            color=style[r["method"]["name"]][0],
+            label=r["method"]["name"],
+        )
     ax.set_xticks(np.arange(len(cats)) + 0.4 - width / 2, [c[:22] for c in cats], rotation=30, ha="right", fontsize=8)
     ax.set(ylabel=metric, title=f"{title}: per category")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
@@ -156,8 +175,14 @@ def published_plot(bench: dict[str, Any]) -> str:
     width = 0.8 / len(methods)
     for k, m in enumerate(methods):
         vals = [r["values"].get(m, np.nan) for r in rows]
-        ax.bar(np.arange(len(rows)) + k * width, vals, width, hatch="//", edgecolor="white",
-               label=bench.get("method_labels", {}).get(m, m))
+        ax.bar(
+            np.arange(len(rows)) + k * width,
+            vals,
+            width,
+            hatch="//",
+            edgecolor="white",
+            label=bench.get("method_labels", {}).get(m, m),
+        )
     ax.set_xticks(np.arange(len(rows)) + 0.4 - width / 2, labels, fontsize=8)
     ax.set(title=f"PUBLISHED (paper, not measured here): {bench['task']} — {bench['metric']}")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
@@ -168,12 +193,17 @@ def published_plot(bench: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- plots of speed and memory
 
-SPEED_SHAPES = {"qwen3-8b": "Qwen3-8B (32 q / 8 kv heads)", "llava-7b": "LLaVA-7B (32 / 32)",
-                "qwen3-omni-thinker": "Qwen3-Omni thinker (32 / 4)"}
-SPEED_SERIES = {"oscar_cuda_graph_us": ("OScaR INT2, CUDA", "#d62728", "o-"),
-                "oscar_triton_graph_us": ("OScaR INT2, Triton", "#ff9896", "o:"),
-                "best_bf16_graph_us": ("best BF16 (SDPA)", "#555555", "s-"),
-                "floor_read_us": ("read floor (bare stream)", "#1f77b4", "^--")}
+SPEED_SHAPES = {
+    "qwen3-8b": "Qwen3-8B (32 q / 8 kv heads)",
+    "llava-7b": "LLaVA-7B (32 / 32)",
+    "qwen3-omni-thinker": "Qwen3-Omni thinker (32 / 4)",
+}
+SPEED_SERIES = {
+    "oscar_cuda_graph_us": ("OScaR INT2, CUDA", "#d62728", "o-"),
+    "oscar_triton_graph_us": ("OScaR INT2, Triton", "#ff9896", "o:"),
+    "best_bf16_graph_us": ("best BF16 (SDPA)", "#555555", "s-"),
+    "floor_read_us": ("read floor (bare stream)", "#1f77b4", "^--"),
+}
 
 
 def speed_plot(data: dict[str, Any]) -> str | None:
@@ -216,12 +246,21 @@ def memory_plot(data: dict[str, Any]) -> str | None:
     keys = sorted((k for k, by in pairs.items() if {"bf16", "oscar"} <= set(by)), key=lambda k: (k[0], k[1]))
     if not keys:
         return None
-    labels = [f"{ctx // 1024}K" + (f"\nlargest batch\n{pairs[(big, ctx)]['bf16']['batch']} vs "
-                                   f"{pairs[(big, ctx)]['oscar']['batch']} seqs" if big else "") for big, ctx in keys]
+    labels = [
+        f"{ctx // 1024}K"
+        + (
+            f"\nlargest batch\n{pairs[(big, ctx)]['bf16']['batch']} vs {pairs[(big, ctx)]['oscar']['batch']} seqs"
+            if big
+            else ""
+        )
+        for big, ctx in keys
+    ]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     x = np.arange(len(keys))
-    panels = [("KV cache (GiB)", lambda r: r.get("kv_bytes", np.nan) / 2**30),
-              ("decode tokens/s", lambda r: r.get("graph_tokens_per_s", r.get("tokens_per_s", np.nan)))]
+    panels = [
+        ("KV cache (GiB)", lambda r: r.get("kv_bytes", np.nan) / 2**30),
+        ("decode tokens/s", lambda r: r.get("graph_tokens_per_s", r.get("tokens_per_s", np.nan))),
+    ]
     for ax, (what, get) in zip(axes, panels):
         for k, (kind, label, colour) in enumerate([("bf16", "BF16", "#555555"), ("oscar", "OScaR INT2", "#d62728")]):
             vals = [get(pairs[key][kind]) for key in keys]
@@ -241,13 +280,12 @@ def memory_plot(data: dict[str, Any]) -> str | None:
 
 
 def table(t, cls: str) -> str:
-    """A harness.leaderboard.Table as HTML; rows carry data-run (their result file) and class="missed" where marked."""
+    """A harness.leaderboard.Table as HTML; rows carry data-run (their result file)."""
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in t.header)
     body = []
     for i, row in enumerate(t.rows):
-        attrs = (f' data-run="{e(t.row_ids[i])}"' if i < len(t.row_ids) else "") + \
-                (' class="missed"' if i < len(t.marked) and t.marked[i] else "")
+        attrs = f' data-run="{e(t.row_ids[i])}"' if i < len(t.row_ids) else ""
         body.append(f"<tr{attrs}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
@@ -255,8 +293,10 @@ def table(t, cls: str) -> str:
 def figure(uri: str | None, caption: str) -> str:
     if uri is None:
         return ""
-    return (f'<figure><img class="plot" alt="{html.escape(caption)}" src="{uri}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return (
+        f'<figure><img class="plot" alt="{html.escape(caption)}" src="{uri}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
 
 
 def prose(text: str) -> str:
@@ -271,15 +311,23 @@ def titled(t, cls: str, level: int = 3) -> str:
 
 def results_section(board) -> str:
     style = colours(board.methods)
-    parts = [('<section class="results" id="results"><h2><span class="badge measured-badge">measured</span> '
-              "Results of trained weights</h2>")]
+    parts = [
+        (
+            '<section class="results" id="results"><h2><span class="badge measured-badge">measured</span> '
+            "Results of trained weights</h2>"
+        )
+    ]
     if not board.results:
-        parts.append("<p>No results of trained weights yet: <code>make eval MODEL=&lt;model&gt; "
-                     "QUANT=&lt;method&gt;</code> writes one.</p>")
+        parts.append(
+            "<p>No results of trained weights yet: <code>make eval MODEL=&lt;model&gt; "
+            "QUANT=&lt;method&gt;</code> writes one.</p>"
+        )
     for t, runs in board.results:
-        parts += [titled(t, "runs"),
-                  figure(tradeoff_plot(runs, t.title, style), f"{t.title}: quality against bits per element"),
-                  figure(category_plot(runs, t.title, style), f"{t.title}: per-category scores")]
+        parts += [
+            titled(t, "runs"),
+            figure(tradeoff_plot(runs, t.title, style), f"{t.title}: quality against bits per element"),
+            figure(category_plot(runs, t.title, style), f"{t.title}: per-category scores"),
+        ]
     return "\n".join(parts + ["</section>"])
 
 
@@ -294,34 +342,49 @@ def speed_section(board) -> str:
         if s.e2e:
             parts += [titled(s.e2e, "e2e", 4), figure(memory_plot(s.data), "KV cache and tokens/s, BF16 and OScaR")]
         parts.append(figure(speed_plot(s.data), "decode attention time vs context, batch 1"))
-        parts += [titled(t, cls, 4) for t, cls in ((s.kernels, "kernels"), (s.targets, "targets")) if t]
+        if s.kernels:
+            parts.append(titled(s.kernels, "kernels", 4))
     return "\n".join(parts + ["</section>"])
 
 
 def published_section(board) -> str:
-    parts = [('<section class="published" id="published"><h2><span class="badge published-badge">published</span> '
-              f"Paper numbers — not measured here</h2><p>Source: {html.escape(board.source or '')}.</p>")]
+    parts = [
+        (
+            '<section class="published" id="published"><h2><span class="badge published-badge">published</span> '
+            f"Paper numbers — not measured here</h2><p>Source: {html.escape(board.source or '')}.</p>"
+        )
+    ]
     for t, bench in board.published:
         parts += [titled(t, "published"), figure(published_plot(bench), t.title)]
     return "\n".join(parts + ["</section>"])
 
 
 def checks_section(board) -> str:
-    parts = [('<details class="checks" id="checks"><summary><span class="badge check-badge">pipeline check</span> '
-              f"{html.escape(board.checks_title)}</summary>")]
+    parts = [
+        (
+            '<details class="checks" id="checks"><summary><span class="badge check-badge">pipeline check</span> '
+            f"{html.escape(board.checks_title)}</summary>"
+        )
+    ]
     parts += [titled(t, "checks") for t in board.checks]
     return "\n".join(parts + ["</details>"])
 
 
 def render(board) -> str:
-    body = ["<h1>oscar-eval leaderboard</h1>", f"<p>{prose(board.intro)}</p>",
-            results_section(board), speed_section(board)]
+    body = [
+        "<h1>oscar-eval leaderboard</h1>",
+        f"<p>{prose(board.intro)}</p>",
+        results_section(board),
+        speed_section(board),
+    ]
     if board.published:
         body.append(published_section(board))
     if board.checks:
         body.append(checks_section(board))
-    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>oscar-eval leaderboard</title>"
-            f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + f"\n{ONLOAD}</body></html>\n")
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>oscar-eval leaderboard</title>'
+        f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + f"\n{ONLOAD}</body></html>\n"
+    )
 
 
 def write(path: Path, board) -> Path:

@@ -11,6 +11,7 @@ The progress file is JSON lines: first {"header": identity}, then one {"record":
 each flushed and fsync'ed, so a crash loses at most the item in flight. A rerun with the same identity
 skips the recorded ids; a different identity is refused (the message names the fields that differ).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -256,8 +257,9 @@ def _read_progress(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         except json.JSONDecodeError:
             if i == len(lines) - 1:  # the write in flight when the process died: that item reruns
                 break
-            raise ResultFileError(f"{path}: line {i + 1} is not JSON; "
-                                  "delete the file or rerun with --restart") from None
+            raise ResultFileError(
+                f"{path}: line {i + 1} is not JSON; delete the file or rerun with --restart"
+            ) from None
     if not objs or "header" not in objs[0]:
         raise ResultFileError(f"{path}: no header line; delete the file or rerun with --restart")
     by_id: dict[str, dict[str, Any]] = {}
@@ -311,13 +313,11 @@ def weight_hash(model: Any, sample: int = 4096) -> str:
     """sha256 over each parameter's name, shape, dtype and `sample` evenly strided elements (as fp32).
 
     A sample, not every byte: hashing all 16 GB of an 8B model would cost longer than many runs;
-    any retraining, re-quantization or different random init changes the sampled values.
+    any retraining, re-quantization or different random init changes the sampled values. The model must be as
+    loaded: runners give it back so (harness/runner.py: quant.prepare_model is undone on close).
     """
     import torch
 
-    from quant import fold
-
-    fold.set_folded(model, False)  # the model's own weights, whichever method's cache was made last
     h = hashlib.sha256()
     with torch.no_grad():
         for name, p in sorted(model.state_dict().items()):
@@ -338,9 +338,10 @@ def model_info(adapter: Any) -> dict[str, Any]:
         "revision": getattr(config, "_commit_hash", None),
         "weight_hash": weight_hash(adapter.model),
         # Replicas are registered as "tiny-<family>" (harness/models/tiny.py) or flag themselves.
-        "replica": bool(getattr(adapter, "replica", False) or getattr(spec, "replica", False)
-                        or spec.name.startswith("tiny-")),
-        # "random": seeded random weights (shape-real models, harness/models/shaped.py; tiny replicas): the run
+        "replica": bool(
+            getattr(adapter, "replica", False) or getattr(spec, "replica", False) or spec.name.startswith("tiny-")
+        ),
+        # "random": seeded random weights (shape-real models, harness/models/synthetic.py; tiny replicas): the run
         # measures speed, memory and the code path, never accuracy.
         "weights": getattr(adapter, "weights", "real"),
     }
@@ -358,8 +359,10 @@ def notes(model: dict[str, Any], data: str | None) -> list[str]:
     if model["replica"]:
         out.append("tiny random-weight replica: shows the pipeline works, not model quality")
     elif model.get("weights") == "random":
-        out.append("shape-real model with seeded random weights: speed, memory and the code path taken; its scores "
-                   "mean nothing and never enter accuracy tables")
+        out.append(
+            "shape-real model with seeded random weights: speed, memory and the code path taken; its scores "
+            "mean nothing and never enter accuracy tables"
+        )
     if data_kind(data).startswith("generated"):
         out.append("the project's generated test set in the benchmark's schema, not the benchmark's data")
     return out
@@ -372,8 +375,10 @@ def _mean(values: list[float]) -> float | None:
 def kv_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean measured cache bytes per item (total, quantized, full precision, per modality) and the largest."""
     kvs = [r["kv_bytes"] for r in records if isinstance(r.get("kv_bytes"), dict) and r["kv_bytes"]]
-    out: dict[str, Any] = {k: _mean([number(kv.get(k)) for kv in kvs if number(kv.get(k)) is not None])
-                           for k in ("total", "quantized", "full_precision")}
+    out: dict[str, Any] = {
+        k: _mean([number(kv.get(k)) for kv in kvs if number(kv.get(k)) is not None])
+        for k in ("total", "quantized", "full_precision")
+    }
     totals = [number(kv.get("total")) for kv in kvs if number(kv.get("total")) is not None]
     out["max_total"] = max(totals) if totals else None
     per_mod: dict[str, list[float]] = {}
@@ -443,8 +448,13 @@ def cost_figures(records: list[dict[str, Any]], loop_s: float) -> dict[str, Any]
     steps = sum(int(c.get("decode_steps") or 0) for c in costs)
     kernel = sum(int(c.get("kernel_steps") or 0) for c in costs)
     peaks = [int(c["peak_cuda_bytes"]) for c in costs if c.get("peak_cuda_bytes") is not None]
-    out.update(prefill_s=prefill, decode_s=decode, decode_steps_per_s=steps / decode if steps and decode > 0 else None,
-               kernel_step_share=kernel / steps if steps else None, peak_item_cuda_bytes=max(peaks) if peaks else None)
+    out.update(
+        prefill_s=prefill,
+        decode_s=decode,
+        decode_steps_per_s=steps / decode if steps and decode > 0 else None,
+        kernel_step_share=kernel / steps if steps else None,
+        peak_item_cuda_bytes=max(peaks) if peaks else None,
+    )
     return out
 
 
@@ -471,8 +481,11 @@ PACKAGES = ("oscar-eval", "torch", "transformers", "triton", "accelerate", "nump
 
 
 def environment(kernels=None) -> dict[str, Any]:
-    """Versions, machine, git state and the run's kernel options (`kernel_switches(kernels)`)."""
+    """Versions, machine, git state and the run's kernel options as given (quant.kernels.KernelOptions.to_dict();
+    what each does: `kernel_switches`)."""
     import torch
+
+    from quant.kernels.options import KernelOptions
 
     versions = {}
     for name in PACKAGES:
@@ -482,9 +495,16 @@ def environment(kernels=None) -> dict[str, Any]:
             versions[name] = None
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     commit, dirty = git_state()
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_name(),
-            "gpu": gpu, "packages": versions, "git_commit": commit, "git_dirty": dirty,
-            "kernels": kernel_switches(kernels)}
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "gpu": gpu,
+        "packages": versions,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "kernels": (kernels or KernelOptions()).to_dict(),
+    }
 
 
 def kernel_switches(options=None) -> dict[str, bool]:
@@ -498,8 +518,14 @@ def kernel_switches(options=None) -> dict[str, bool]:
     from quant.kernels.options import KernelOptions
 
     o = options or KernelOptions()
-    return {"fused_norm": o.fused_norm, "fused_rope": o.fused_rope, "fused_linear": o.fused_linear,
-            "cuda_graphs": o.cuda_graphs, "cuda_norm_rope": o.layer_kernels == "cuda", "wide_decode": o.wide_decode}
+    return {
+        "fused_norm": o.fused_norm,
+        "fused_rope": o.fused_rope,
+        "fused_linear": o.fused_linear,
+        "cuda_graphs": o.cuda_graphs,
+        "cuda_norm_rope": o.layer_kernels == "cuda",
+        "wide_decode": o.wide_decode,
+    }
 
 
 def cpu_name() -> str | None:

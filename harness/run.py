@@ -7,6 +7,7 @@ recorded, see harness/results.py), aggregates with the task's own `aggregate`, a
 intervals (harness/stats.py), system figures and the environment, and writes one validated result
 per method. A summary table closes the run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from harness import distributed as D
-from harness import provenance
 from harness import results as R
 from harness import stats
 
@@ -38,20 +38,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="bf16 | fp16 | fp32 | auto")
     p.add_argument("--device-map", default=None, help="e.g. 'auto' to spread a large model over GPUs")
-    p.add_argument("--weights", default="real", choices=("real", "random"),
-                   help="real: the checkpoint's weights; random: its published architecture with seeded random "
-                        "weights made on the device (speed, memory and code path only; harness/models/shaped.py)")
-    p.add_argument("--quant-opts", default=None,
-                   help="method field overrides, e.g. 'group_size=64,residual_length=256'")
-    p.add_argument("--backend", default=None,
-                   help="attention backend: torch | triton | cuda (default: the device's best)")
-    p.add_argument("--kernels", default=None,
-                   help="kernel options, e.g. 'cuda_graphs=off,wide_decode=off' (quant.kernels.KernelOptions; the "
-                        "environment's OSCAR_* overrides apply first)")
+    p.add_argument(
+        "--weights",
+        default="real",
+        choices=("real", "random"),
+        help="real: the checkpoint's weights; random: its published architecture with seeded random "
+        "weights made on the device (speed, memory and code path only; harness/models/synthetic.py)",
+    )
+    p.add_argument(
+        "--quant-opts", default=None, help="method field overrides, e.g. 'group_size=64,residual_length=256'"
+    )
+    p.add_argument(
+        "--backend",
+        default=None,
+        help="attention backend: torch | triton | cuda (default: the device's best); the same as --kernels backend=...",
+    )
+    p.add_argument(
+        "--kernels",
+        default=None,
+        help="kernel options, e.g. 'cuda_graphs=off,wide_decode=off' (quant.kernels.KernelOptions; the "
+        "environment's OSCAR_* overrides apply first)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="prompts per generate, left-padded; each gets its batch-1 tokens (quant/rows.py). Default: the "
-                        "model's measured GPU batch size on a GPU (`oscar-eval list`), 1 elsewhere")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="requests per model call, every task: prompts per generate (left-padded; each gets its batch-1 "
+        "tokens, quant/rows.py), perplexity windows per forward. Default: the task's (ppl: 8 windows, "
+        "ppl-4k: 2), else the model's measured GPU batch size on a GPU (`oscar-eval list`), else 1",
+    )
     p.add_argument("--out", default=DEFAULT_OUT, help="result path template with {task} {model} {method}")
     p.add_argument("--restart", action="store_true", help="discard an unfinished run's progress file")
     p.add_argument("--force", action="store_true", help="rerun even when an up-to-date result exists")
@@ -61,11 +77,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         done = evaluate(
-            model=args.model, quant=args.quant, task=args.task, limit=args.limit, data=args.data,
-            model_path=args.model_path, device=args.device, dtype=args.dtype, device_map=args.device_map,
-            weights=args.weights, backend=args.backend, quant_opts=args.quant_opts, seed=args.seed, out=args.out,
-            restart=args.restart, force=args.force,
-            n_resamples=args.resamples, kernels=kernel_options(args.kernels, args.backend), batch_size=args.batch_size,
+            model=args.model,
+            quant=args.quant,
+            task=args.task,
+            limit=args.limit,
+            data=args.data,
+            model_path=args.model_path,
+            device=args.device,
+            dtype=args.dtype,
+            device_map=args.device_map,
+            weights=args.weights,
+            backend=args.backend,
+            quant_opts=args.quant_opts,
+            seed=args.seed,
+            out=args.out,
+            restart=args.restart,
+            force=args.force,
+            n_resamples=args.resamples,
+            kernels=kernel_options(args.kernels, args.backend),
+            batch_size=args.batch_size,
         )
     except (KeyError, ValueError, RuntimeError, OSError) as err:  # bad names, missing data/weights, bad files
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
@@ -80,11 +110,15 @@ def main(args: argparse.Namespace) -> int:
 
 def kernel_options(text: str | None = None, backend: str | None = None, environ=None):
     """The run's quant.kernels.KernelOptions: the defaults, then the environment's OSCAR_* overrides (read here,
-    once), then `--kernels` and `--backend`."""
+    once), then `--kernels`; `--backend X` is `--kernels backend=X` (both, disagreeing: ValueError)."""
     from quant.kernels.options import KernelOptions
 
-    options = KernelOptions.parse(text, KernelOptions.from_env(os.environ if environ is None else environ))
-    return options.replace(backend=backend) if backend else options
+    if backend:
+        asked = KernelOptions.parse(text).backend if text else None
+        if asked and asked != backend:
+            raise ValueError(f"--backend {backend} and --kernels backend={asked} disagree; give one of them")
+        text = ",".join(filter(None, [text, f"backend={backend}"]))
+    return KernelOptions.parse(text, KernelOptions.from_env(os.environ if environ is None else environ))
 
 
 def own_paper_suffix(name: str, methods) -> str:
@@ -100,9 +134,9 @@ def own_paper_suffix(name: str, methods) -> str:
 def resolve(model: str, quant: str, task: str | None, backend: str | None, quant_opts: str | None = None):
     """Check every name before anything heavy loads; unknown names raise KeyError listing valid ones."""
     import quant as Q
-    from quant.methods import expand_presets
     import tasks as T
     from harness import models as M
+    from quant.methods import expand_presets
 
     spec = M.get_spec(model)
     names = expand_presets(quant)  # presets and groups: all (the paper comparison), own-paper, variants
@@ -117,24 +151,38 @@ def resolve(model: str, quant: str, task: str | None, backend: str | None, quant
     methods = [Q.get_method(name, **overrides) for name in names]
     # A Task object (tests, notebooks: e.g. PerplexityTask(context=64)) is used as given.
     task_obj = T.get_task(task or spec.default_task) if task is None or isinstance(task, str) else task
-    from tasks.base import refuse_unreadable
-
-    refuse_unreadable(task_obj, spec.name, M.MODELS)  # before any weights load
+    M.refuse_unreadable(task_obj, spec.name)  # before any weights load
     return spec, methods, task_obj
 
 
-def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None, data: str | None = None,
-             model_path: str | None = None, device: str | None = None, dtype: str | None = None, weights: str = "real",
-             device_map: str | None = None, backend: str | None = None, quant_opts: str | None = None, seed: int = 0,
-             out: str = DEFAULT_OUT, restart: bool = False, force: bool = False,
-             n_resamples: int = stats.DEFAULT_RESAMPLES, adapter: Any = None, kernels: Any = None,
-             batch_size: int | None = None) -> list[dict[str, Any]]:
+def evaluate(
+    model: str,
+    quant: str,
+    task: Any = None,
+    limit: int | None = None,
+    data: str | None = None,
+    model_path: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    weights: str = "real",
+    device_map: str | None = None,
+    backend: str | None = None,
+    quant_opts: str | None = None,
+    seed: int = 0,
+    out: str = DEFAULT_OUT,
+    restart: bool = False,
+    force: bool = False,
+    n_resamples: int = stats.DEFAULT_RESAMPLES,
+    adapter: Any = None,
+    kernels: Any = None,
+    batch_size: int | None = None,
+) -> list[dict[str, Any]]:
     """Run `task` on `model` for each method of `quant`; return the written results (one per method).
 
     `adapter` lets a caller that already holds a loaded adapter (tests, notebooks) skip loading; `kernels`
-    (quant.kernels.KernelOptions, default: the defaults with `backend`) goes to the model and every cache;
-    `batch_size` prompts share one generate (their tokens are each prompt's batch-1 tokens; None: the model's
-    ModelSpec.gpu_batch_size on a GPU, 1 elsewhere).
+    (quant.kernels.KernelOptions, default: the defaults with `backend`) go to each method's runner (harness/runner.py:
+    the prepared model, its caches and graphs); `batch_size` requests share one model call (prompts: each gets its
+    batch-1 tokens; None: the task's default_batch_size, else the model's ModelSpec.gpu_batch_size on a GPU, else 1).
     Under torchrun each rank runs a shard of the items on its own device and rank 0 writes the results
     (harness/distributed.py); every rank returns them.
     """
@@ -157,10 +205,15 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     if adapter is None:
         from harness import models as M
 
-        adapter = M.load(spec.name, weights=weights, seed=seed, model_path=model_path, device=device, dtype=dtype,
-                         device_map=device_map, kernels=kernels)
-    else:
-        adapter.kernels = kernels
+        adapter = M.load(
+            spec.name,
+            weights=weights,
+            seed=seed,
+            model_path=model_path,
+            device=device,
+            dtype=dtype,
+            device_map=device_map,
+        )
     model_info = R.model_info(adapter)
     task_obj = scoring_for(task_obj, model_info)
     getattr(task_obj, "check_ready", lambda: None)()  # the task's own models (a judge), before the first item
@@ -168,16 +221,42 @@ def evaluate(model: str, quant: str, task: Any = None, limit: int | None = None,
     model_device = next(adapter.model.parameters()).device
     backend = kernels.backend_for(model_device)
     if batch_size is None:
-        batch_size = spec.gpu_batch_size if model_device.type == "cuda" else 1
+        batch_size = getattr(task_obj, "default_batch_size", None) or (
+            spec.gpu_batch_size if model_device.type == "cuda" else 1
+        )
     fingerprint = task_obj.data_fingerprint(items)
     D.check_same(ranks, (fingerprint, model_info["weight_hash"]), "the items' fingerprint and the weight hash")
     written = []
+    from harness.models import traits_of
+    from harness.provenance import parts_for
+    from harness.scoring import Prefills
+
+    prefills = Prefills()  # the exact prompt forwards of Score requests, shared by the methods of this run
     for method in methods:
-        ctx = RunContext(spec.name, model_info, method, task_obj, items, data, limit, fingerprint, seed, backend,
-                         kernels, batch_size, n_total)
-        ctx.code = provenance.parts_for(method, task_obj, adapter, ctx.backend, model_info.get("weights", "real"))
-        path = Path(out.format(task=R.task_dir(task_obj.name, data) + own_paper_suffix(method.name, methods),
-                               model=R.model_dir(model_info), method=ctx.result_name))
+        ctx = RunContext(
+            spec.name,
+            model_info,
+            method,
+            task_obj,
+            items,
+            data,
+            limit,
+            fingerprint,
+            seed,
+            backend,
+            kernels,
+            batch_size,
+            n_total,
+        )
+        ctx.traits, ctx.prefills = traits_of(spec.name), prefills
+        ctx.code = parts_for(method, task_obj, adapter, ctx.backend, model_info.get("weights", "real"))
+        path = Path(
+            out.format(
+                task=R.task_dir(task_obj.name, data) + own_paper_suffix(method.name, methods),
+                model=R.model_dir(model_info),
+                method=ctx.result_name,
+            )
+        )
         written.append(run_method(ctx, adapter, path, restart, force, n_resamples, ranks))
     return written
 
@@ -195,8 +274,22 @@ def load_items(task, data: str | None, limit: int | None) -> tuple[list[dict[str
 class RunContext:
     """Everything that identifies one (model, method, task, data, seed) run."""
 
-    def __init__(self, model, model_info, method, task, items, data, limit, fingerprint, seed, backend, kernels=None,
-                 batch_size: int = 1, n_total: int | None = None):
+    def __init__(
+        self,
+        model,
+        model_info,
+        method,
+        task,
+        items,
+        data,
+        limit,
+        fingerprint,
+        seed,
+        backend,
+        kernels=None,
+        batch_size: int = 1,
+        n_total: int | None = None,
+    ):
         self.model, self.model_info, self.method, self.task = model, model_info, method, task
         self.batch_size = batch_size
         self.items, self.data, self.limit, self.fingerprint, self.seed = items, data, limit, fingerprint, seed
@@ -205,6 +298,8 @@ class RunContext:
         self.backend = backend if method.kernel_decode else "torch"
         self.kernels = kernels
         self.code: dict[str, str] | None = None  # harness.provenance.code_parts of the run
+        self.traits = None  # quant.traits.ModelTraits of the model's family (what preparing it may touch)
+        self.prefills = None  # harness.scoring.Prefills shared by the methods of one model
 
     @property
     def label(self) -> str:
@@ -223,15 +318,21 @@ class RunContext:
     def identity(self) -> dict[str, Any]:
         """What must match for recorded items to be reused (the limit may change between sessions)."""
         return {
-            "model": self.model, "weight_hash": self.model_info["weight_hash"],
+            "model": self.model,
+            "weight_hash": self.model_info["weight_hash"],
             "method": R.jsonable(self.method.to_dict()),
-            "task": self.task.name, "task_version": int(self.task.version), "data": self.data,
-            "seed": self.seed, "backend": self.backend, "code": self.code,
+            "task": self.task.name,
+            "task_version": int(self.task.version),
+            "data": self.data,
+            "seed": self.seed,
+            "backend": self.backend,
+            "code": self.code,
         }
 
 
-def run_method(ctx: RunContext, adapter, path: Path, restart: bool, force: bool, n_resamples: int,
-               ranks: D.Ranks = D.Ranks()) -> dict[str, Any]:
+def run_method(
+    ctx: RunContext, adapter, path: Path, restart: bool, force: bool, n_resamples: int, ranks: D.Ranks = D.Ranks()
+) -> dict[str, Any]:
     """Run (or resume, or skip when up to date) one method; write and return its result. Several ranks: each runs
     its shard, rank 0 merges the records and writes the result (harness/distributed.py)."""
     if path.exists() and not (force or restart):
@@ -242,8 +343,9 @@ def run_method(ctx: RunContext, adapter, path: Path, restart: bool, force: bool,
                 _report_orphans(path)
             return R.read_result(path)
         if ranks.main:
-            print(f"{path}: rerunning, the result there differs from this run: {'; '.join(differences)}",
-                  file=sys.stderr)
+            print(
+                f"{path}: rerunning, the result there differs from this run: {'; '.join(differences)}", file=sys.stderr
+            )
     # --restart discards recorded items; --force reruns but resumes items recorded by this very run (same config and
     # code), and discards only progress of another one
     progress = D.open_progress(path, ctx.identity(), restart, ranks, replace_other=force)
@@ -252,20 +354,32 @@ def run_method(ctx: RunContext, adapter, path: Path, restart: bool, force: bool,
     R.reset_peak_memory()
     _seed_everything(ctx.seed)
     shard = D.shard(ctx.items, ranks)
-    _run_items(ctx, adapter, progress, shard, f" rank {ranks.rank}/{ranks.world_size}" if ranks.parallel else "")
+    if any(str(item["id"]) not in progress.done_ids for item in shard):
+        from harness.runner import Runner
+
+        with Runner(adapter, ctx.method, ctx.kernels, ctx.traits, ctx.prefills) as runner:
+            _run_items(ctx, runner, progress, shard, f" rank {ranks.rank}/{ranks.world_size}" if ranks.parallel else "")
     ids = [str(item["id"]) for item in ctx.items]
     figures = D.gather_figures(ranks, adapter, progress.records, shard)
     records = D.gather_records(progress.records, shard, ids, ranks)
     return D.on_main(ranks, lambda: _write(ctx, adapter, path, records, n_resamples, figures))
 
 
-def _write(ctx: RunContext, adapter, path: Path, records: list[dict[str, Any]], n_resamples: int,
-           figures: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _write(
+    ctx: RunContext,
+    adapter,
+    path: Path,
+    records: list[dict[str, Any]],
+    n_resamples: int,
+    figures: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
     """Aggregate the finished run's records (all ranks'), write its result and remove the progress files."""
     D.check_complete(records, [str(item["id"]) for item in ctx.items])
     if records and all("error" in r for r in records):  # a score of 0 would hide the cause
-        raise RuntimeError(f"{ctx.task.name} with {ctx.method.name}: all {len(records)} items failed, "
-                           f"no result written; first: {records[0]['error']} (fix it, then rerun with --restart)")
+        raise RuntimeError(
+            f"{ctx.task.name} with {ctx.method.name}: all {len(records)} items failed, "
+            f"no result written; first: {records[0]['error']} (fix it, then rerun with --restart)"
+        )
     result = build_result(ctx, adapter, records, n_resamples)
     if figures is not None:
         D.record_parallel(result, figures)
@@ -282,29 +396,41 @@ def _differences(path: Path, ctx: RunContext) -> list[str]:
         old = R.read_result(path)
     except R.ResultFileError as err:
         return [f"it cannot be read ({err})"]
-    now = {"config": R.jsonable(ctx.method.to_dict()), "task version": int(ctx.task.version),
-           "data": ctx.fingerprint, "seed": ctx.seed, "backend": ctx.backend,
-           "weights": ctx.model_info["weight_hash"]}
-    then = {"config": old["method"]["config"], "task version": old["task"]["version"],
-            "data": old["task"]["data_fingerprint"], "seed": old["seed"], "backend": old["backend"],
-            "weights": old["model"]["weight_hash"]}
-    out = [f"{k}" + (f" {then[k]!r} -> {now[k]!r}" if k in ("seed", "backend", "task version") else "")
-           for k in now if now[k] != then[k]]
-    recorded, commit = old.get("code"), (old["environment"].get("git_commit") or "?")[:8]
-    if recorded is None:
-        out.append(f"it records no code fingerprint (ran at {commit})")
-    else:
-        changed = [p for p in sorted(set(recorded) | set(ctx.code or {})) if recorded.get(p) != (ctx.code or {}).get(p)]
-        out += [f"{', '.join(changed)} code changed since {commit}"] if changed else []
-    return out
+    now = {
+        "config": R.jsonable(ctx.method.to_dict()),
+        "task version": int(ctx.task.version),
+        "data": ctx.fingerprint,
+        "seed": ctx.seed,
+        "backend": ctx.backend,
+        "weights": ctx.model_info["weight_hash"],
+    }
+    then = {
+        "config": old["method"]["config"],
+        "task version": old["task"]["version"],
+        "data": old["task"]["data_fingerprint"],
+        "seed": old["seed"],
+        "backend": old["backend"],
+        "weights": old["model"]["weight_hash"],
+    }
+    out = [
+        f"{k}" + (f" {then[k]!r} -> {now[k]!r}" if k in ("seed", "backend", "task version") else "")
+        for k in now
+        if now[k] != then[k]
+    ]
+    from harness.provenance import code_changes
+
+    return out + code_changes(old, ctx.code or {})
 
 
 def _report_orphans(path: Path) -> None:
     """Say so when an unfinished run's progress sits beside an up-to-date result (a forced rerun that was killed)."""
     for progress in R.progress_paths(path):
         n = R.progress_count(progress)
-        print(f"{progress}: an unfinished run's progress ({n} items) is left here; rerun with --force to resume "
-              "it, or delete the file", file=sys.stderr)
+        print(
+            f"{progress}: an unfinished run's progress ({n} items) is left here; rerun with --force to resume "
+            "it, or delete the file",
+            file=sys.stderr,
+        )
 
 
 def _seed_everything(seed: int) -> None:
@@ -317,12 +443,13 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _run_items(ctx: RunContext, adapter, progress: R.Progress, items: list[dict[str, Any]] | None = None,
-               where: str = "") -> None:
-    """Run `items` (default: all of ctx.items; a rank: its shard) that `progress` has not recorded yet."""
+def _run_items(
+    ctx: RunContext, runner, progress: R.Progress, items: list[dict[str, Any]] | None = None, where: str = ""
+) -> None:
+    """Run `items` (default: all of ctx.items; a rank: its shard) that `progress` has not recorded yet: `batch_size`
+    items at a time, their requests answered together by `runner` (harness/runner.py), each record written as soon
+    as it is scored."""
     from tqdm import tqdm
-
-    from harness.models.cost import take_item_cost
 
     items = ctx.items if items is None else items
     done = progress.done_ids
@@ -330,48 +457,66 @@ def _run_items(ctx: RunContext, adapter, progress: R.Progress, items: list[dict[
     label = f"{ctx.model} {ctx.method.name} {ctx.task.name}{where}"
     mine = {str(item["id"]) for item in items}
     errors = sum(1 for r in progress.records if "error" in r and str(r["id"]) in mine)
-    with tqdm(total=len(items), initial=len(items) - len(todo), desc=label, unit="item",
-              file=sys.stderr, dynamic_ncols=True) as bar:
-        shared_s = 0.0  # the batch's generate time, spread over its items
-        for i, item in enumerate(todo):
-            if i % ctx.batch_size == 0:
-                shared_s = _prefetch(ctx, adapter, todo[i:i + ctx.batch_size])
-            take_item_cost(adapter)  # forget generate calls made outside the loop
-            start = time.perf_counter() - shared_s
-            try:
-                record = ctx.task.run_item(adapter, ctx.method, item)
-            except Exception as err:  # a bug, not a bad item (tasks return {"error"} for those): stop here
-                raise RuntimeError(f"{ctx.task.name} item {item['id']!r} with {ctx.method.name}: "
-                                   f"{type(err).__name__}: {err} (finished items are kept; rerun to resume)") from err
-            record = R.jsonable(record)
-            cost = take_item_cost(adapter)  # prefill/decode time, kernel-path steps, peak GPU memory of the item
-            if cost is not None:
-                record["cost"] = R.jsonable(cost)
-            record["id"] = str(record.get("id", item["id"]))
-            record["loop_s"] = time.perf_counter() - start  # the loop's clock, the same for every task
-            record.setdefault("wall_s", record["loop_s"])  # model time when the task measured it
-            progress.add(record)
-            errors += "error" in record
-            bar.set_postfix(errors=errors, refresh=False)
-            bar.update(1)
+    with tqdm(
+        total=len(items), initial=len(items) - len(todo), desc=label, unit="item", file=sys.stderr, dynamic_ncols=True
+    ) as bar:
+        for first in range(0, len(todo), ctx.batch_size):
+            for record in _run_chunk(ctx, runner, todo[first : first + ctx.batch_size]):
+                progress.add(record)
+                errors += "error" in record
+                bar.set_postfix(errors=errors, refresh=False)
+                bar.update(1)
 
 
-def _prefetch(ctx: RunContext, adapter, chunk: list[dict[str, Any]]) -> float:
-    """With --batch-size > 1, answer `chunk`'s prompts in one batched generate ahead of the items' own calls
-    (harness/models/batching.py); returns its seconds per item. Tasks without prompts (perplexity) and adapters
-    without batching run item by item; a chunk whose prompts cannot be built together (a bad image) too, so the
-    failing item is reported by the task as usual."""
-    adapter._prefetched = None
-    if (ctx.batch_size == 1 or len(chunk) == 1 or not hasattr(adapter, "prefetch")
-            or not hasattr(ctx.task, "build_prompt")):
-        return 0.0
+def _run_chunk(ctx: RunContext, runner, chunk: list[dict[str, Any]]):
+    """Records of `chunk`'s items: their requests built once, answered in one runner call, scored by the task. Each
+    record's loop_s is its share of the call plus its own scoring."""
+    from tasks.base import TaskDataError
+
     start = time.perf_counter()
-    try:
-        prompts = [ctx.task.build_prompt(item) for item in chunk]
-    except Exception:  # noqa: BLE001 - the item's own run_item reports what is wrong with it
-        return 0.0
-    adapter.prefetch(prompts, ctx.method, getattr(ctx.task, "max_new_tokens", 128))
-    return (time.perf_counter() - start) / len(chunk)
+    asked = []  # (item, its requests, why they could not be built)
+    for item in chunk:
+        try:
+            asked.append((item, list(ctx.task.requests(item)), None))
+        except TaskDataError as exc:  # a bad item (unreadable image, clip): recorded, the run goes on
+            asked.append((item, [], str(exc)))
+    responses = runner.run([r for _, requests, _ in asked for r in requests])
+    share = (time.perf_counter() - start) / len(chunk)
+    at = 0
+    for item, requests, error in asked:
+        own, at = responses[at : at + len(requests)], at + len(requests)
+        scored = time.perf_counter()
+        try:
+            record = ctx.task.record(item, own, error)
+        except Exception as err:  # a bug, not a bad item (tasks record those): stop here
+            raise RuntimeError(
+                f"{ctx.task.name} item {item['id']!r} with {ctx.method.name}: "
+                f"{type(err).__name__}: {err} (finished items are kept; rerun to resume)"
+            ) from err
+        record = R.jsonable(record)
+        cost = item_cost(own)
+        if cost is not None:
+            record["cost"] = R.jsonable(cost)
+        record["id"] = str(record.get("id", item["id"]))
+        record["loop_s"] = share + time.perf_counter() - scored  # the loop's clock, the same for every task
+        record.setdefault("wall_s", record["loop_s"])  # model time when the task recorded it
+        yield record
+
+
+def item_cost(responses) -> dict[str, Any] | None:
+    """The summed cost of an item's responses (None: none recorded one). Times, tokens and steps add up; peak memory,
+    KV bytes and the batch size take the largest."""
+    costs = [r.cost for r in responses if r.cost]
+    if not costs:
+        return None
+    total: dict[str, Any] = {}
+    for cost in costs:
+        for key, value in cost.items():
+            if key in ("peak_cuda_bytes", "kv_bytes", "batch"):
+                total[key] = value if total.get(key) is None else max(total[key], value or 0)
+            else:
+                total[key] = total.get(key, 0) + value
+    return total
 
 
 def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resamples: int) -> dict[str, Any]:
@@ -385,13 +530,23 @@ def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resa
         "date": R.utc_now(),
         "seed": ctx.seed,
         "model": ctx.model_info,
-        "method": {"name": ctx.label, "preset": ctx.method.name, "config": R.jsonable(ctx.method.to_dict()),
-                   "bits": R.number(getattr(ctx.method, "bits", None))},
+        "method": {
+            "name": ctx.label,
+            "preset": ctx.method.name,
+            "config": R.jsonable(ctx.method.to_dict()),
+            "bits": R.number(getattr(ctx.method, "bits", None)),
+        },
         "backend": ctx.backend,
-        "task": {"name": ctx.task.name, "version": int(ctx.task.version), "data": R.data_kind(ctx.data),
-                 "data_fingerprint": ctx.fingerprint, "n_items": len(ctx.items), "n_total": ctx.n_total,
-                 "limit": ctx.limit,
-                 "settings": R.jsonable(ctx.task.describe()) if hasattr(ctx.task, "describe") else {}},
+        "task": {
+            "name": ctx.task.name,
+            "version": int(ctx.task.version),
+            "data": R.data_kind(ctx.data),
+            "data_fingerprint": ctx.fingerprint,
+            "n_items": len(ctx.items),
+            "n_total": ctx.n_total,
+            "limit": ctx.limit,
+            "settings": R.jsonable(ctx.task.describe()) if hasattr(ctx.task, "describe") else {},
+        },
         "primary_metric": primary,
         "metrics": metrics,
         "categories": categories,
@@ -405,12 +560,18 @@ def build_result(ctx: RunContext, adapter, records: list[dict[str, Any]], n_resa
 
 
 def scoring_for(task, model_info: dict[str, Any]):
-    """The task as this model's run scores it: a shape-real model with random weights answers noise, so a task
-    that scores with models of its own (MMAU-Pro's embedder and judge) gets a copy that does not run them."""
+    """The task as this model's run scores it: a task that scores with models of its own (MMAU-Pro's judge) gets the
+    registry to find them by name (tasks.contract.ModelSource); a shape-real model with random weights answers noise,
+    so such a task gets a copy that does not run them."""
     random_size = model_info.get("weights") == "random" and not model_info.get("replica")
     if random_size and getattr(task, "model_scoring", False):
         task = copy.copy(task)
         task.model_scoring = False
+    if getattr(task, "models", False) is None:
+        from harness.models.source import RegistrySource
+
+        task = copy.copy(task)
+        task.models = RegistrySource()
     return task
 
 
@@ -429,12 +590,27 @@ def aggregate_with_ci(task, records, n_resamples: int, seed: int):
 
     cis = stats.bootstrap_cis(records, statistics, n_resamples=n_resamples, seed=seed) if point else {}
     method = stats.ci_method_text(n_resamples)
-    metrics = {k: {"value": v, "ci_low": cis[k][0], "ci_high": cis[k][1], "ci_method": method,
-                   "higher_is_better": R.higher_is_better(k, task), "n": len(records)} for k, v in point.items()}
+    metrics = {
+        k: {
+            "value": v,
+            "ci_low": cis[k][0],
+            "ci_high": cis[k][1],
+            "ci_method": method,
+            "higher_is_better": R.higher_is_better(k, task),
+            "n": len(records),
+        }
+        for k, v in point.items()
+    }
     primary = getattr(task, "primary_metric", None)
     if unscored and primary and primary not in metrics:  # items left unscored (`scoring_for`): no value to give
-        metrics[primary] = {"value": None, "ci_low": None, "ci_high": None, "ci_method": "not scored",
-                            "higher_is_better": R.higher_is_better(primary, task), "n": len(records)}
+        metrics[primary] = {
+            "value": None,
+            "ci_low": None,
+            "ci_high": None,
+            "ci_method": "not scored",
+            "higher_is_better": R.higher_is_better(primary, task),
+            "n": len(records),
+        }
     categories = {}
     for cat, values in (agg.get("categories") or {}).items():
         n = int(values.get("n", sum(1 for r in records if r.get("category") == cat)))
@@ -452,19 +628,36 @@ def summary_table(results: list[dict[str, Any]]) -> str:
         s = r["system"]
         ci = f"[{_fmt(m['ci_low'])}, {_fmt(m['ci_high'])}]" if m["ci_low"] is not None else "-"
         kv = s["kv_bytes"]["total"]
-        rows.append([r["method"]["name"], r["primary_metric"], _fmt(m["value"]), ci, str(m["n"]),
-                     _fmt(s["bits_per_element"]), _fmt(kv / 2**20 if kv is not None else None),
-                     _fmt(s["tokens_per_s"]), _fmt(s["wall_s"])])
+        rows.append(
+            [
+                r["method"]["name"],
+                r["primary_metric"],
+                _fmt(m["value"]),
+                ci,
+                str(m["n"]),
+                _fmt(s["bits_per_element"]),
+                _fmt(kv / 2**20 if kv is not None else None),
+                _fmt(s["tokens_per_s"]),
+                _fmt(s["wall_s"]),
+            ]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     from tasks.base import failure_summary
 
-    lines += [f"{r['method']['name']}: {f['n']} of {len(r['samples'])} items failed ({why}); first: {f['first']}"
-              for r in results for why, f in failure_summary(r["samples"]).items()]
-    lines += [f"{r['method']['name']}: {p['world_size']} ranks ({', '.join(p['devices'])}): "
-              f"{_fmt(p['items_per_s'])} items/s side by side, {_fmt(r['system']['items_per_s'])} per device"
-              for r in results for p in [r["system"].get("parallel")] if p]
+    lines += [
+        f"{r['method']['name']}: {f['n']} of {len(r['samples'])} items failed ({why}); first: {f['first']}"
+        for r in results
+        for why, f in failure_summary(r["samples"]).items()
+    ]
+    lines += [
+        f"{r['method']['name']}: {p['world_size']} ranks ({', '.join(p['devices'])}): "
+        f"{_fmt(p['items_per_s'])} items/s side by side, {_fmt(r['system']['items_per_s'])} per device"
+        for r in results
+        for p in [r["system"].get("parallel")]
+        if p
+    ]
     return "\n".join(lines)
 
 

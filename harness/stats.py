@@ -12,6 +12,7 @@ points, MMAU-Pro's count-weighted category means.
 - `mcnemar_exact`: for 0/1 scores. With b = #(A right, B wrong) and c = #(A wrong, B right), under H0
   the discordant pairs split Binomial(b + c, 1/2); p = min(1, 2 * P[X <= min(b, c)]).
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ It reads a `quant.packed.PackedKV` exactly as a fused kernel does (quantized par
 token norms on the scores, FP residual window merged by log-sum-exp), so kernels in quant/kernels are
 drop-in replacements selected by `quant.kernels.decode_attention(..., backend=...)`.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,7 +1,10 @@
 """The quantized KV cache: a transformers `Cache` whose layers store one method's packed codes.
 
-Use it with any decoder in transformers: `model.generate(..., past_key_values=make_cache(method, model))`.
+Use it with any decoder in transformers: prepare the model for the method once (quant.prepare_model: the folded
+value rotation, the attention function of the fixed-shape decode, the layer kernels), then
+`model.generate(..., past_key_values=prepared.make_cache())`. Making a cache never changes the model.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +13,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
+from quant import engine
 from quant.kernels.options import KernelOptions
 from quant.methods import get_method
 from quant.methods.base import FP_PARTS, QUANTIZED_PARTS, CacheState, LayerContext, MethodConfig
@@ -33,13 +37,19 @@ class QuantizedKVCache(Cache):
     """`state` holds the cache-wide facts every layer reads (quant.methods.base.CacheState: modalities, folded
     values, the kernel options and whether decode steps take the kernels); `shared` a method's own data."""
 
-    def __init__(self, method: MethodConfig, num_layers: int, num_kv_heads: int, head_dim: int,
-                 kernels: KernelOptions | None = None):
+    def __init__(
+        self,
+        method: MethodConfig,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        kernels: KernelOptions | None = None,
+    ):
         self.method = method
         self.state = CacheState(kernels=kernels or KernelOptions())
         self.shared: dict[str, Any] = MethodState()
-        layers = [method.make_layer(LayerContext(i, num_layers, num_kv_heads, head_dim, self.shared, self.state))
-                  for i in range(num_layers)]
+        ctxs = [LayerContext(i, num_layers, num_kv_heads, head_dim, self.shared, self.state) for i in range(num_layers)]
+        layers = [engine.make_layer(method, ctx) for ctx in ctxs]
         super().__init__(layers=layers)
         self.modalities: torch.Tensor | None = None
 
@@ -66,11 +76,27 @@ class QuantizedKVCache(Cache):
             return
         if any(layer.is_initialized for layer in self.layers):
             raise ValueError("set_padding must come before the prefill: the layers already hold tokens")
-        states = [dataclasses.replace(self.state, window_lengths=None, uniform_rows=False, graph_steps=0,
-                                      modalities=None if self.modalities is None else self.modalities[b:b + 1, pad:])
-                  for b, pad in enumerate(pads)]
-        self.layers = [RowsLayer([self.method.make_layer(dataclasses.replace(layer.ctx, state=state, row=b))
-                                  for b, state in enumerate(states)], pads, self.state) for layer in self.layers]
+        states = [
+            dataclasses.replace(
+                self.state,
+                window_lengths=None,
+                uniform_rows=False,
+                graph_steps=0,
+                modalities=None if self.modalities is None else self.modalities[b : b + 1, pad:],
+            )
+            for b, pad in enumerate(pads)
+        ]
+        self.layers = [
+            engine.rows_layer(
+                [
+                    engine.make_layer(self.method, dataclasses.replace(layer.ctx, state=s, row=b))
+                    for b, s in enumerate(states)
+                ],
+                pads,
+                self.state,
+            )
+            for layer in self.layers
+        ]
         self.shared["pads"] = pads  # methods that watch the model's activations skip them (RotateKV's sinks)
 
     def row(self, b: int) -> "QuantizedKVCache":
@@ -92,9 +118,15 @@ class QuantizedKVCache(Cache):
         quantized = sum(parts[k] for k in QUANTIZED_PARTS)
         full = sum(parts[k] for k in FP_PARTS)
         total = quantized + full
-        return {"total": total, "quantized": quantized, "full_precision": full, "parts": parts,
-                "per_layer": [sum(p.values()) for p in per_layer], "bits_per_element": self.bits_per_element(total),
-                "per_modality": self.bytes_by_modality(total)}
+        return {
+            "total": total,
+            "quantized": quantized,
+            "full_precision": full,
+            "parts": parts,
+            "per_layer": [sum(p.values()) for p in per_layer],
+            "bits_per_element": self.bits_per_element(total),
+            "per_modality": self.bytes_by_modality(total),
+        }
 
     def bytes_by_modality(self, total: int) -> dict[str, int]:
         """Total bytes apportioned to modalities by their share of cached positions (generated tokens are
@@ -129,16 +161,31 @@ class QuantizedKVCache(Cache):
         return 8.0 * total / n if n else 0.0
 
 
-def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer=None,
-               kernels: KernelOptions | None = None, **overrides) -> QuantizedKVCache:
-    """A fresh cache for `method` (a config or a preset name) sized from the model's text config.
+def make_cache(
+    method: MethodConfig | str,
+    model=None,
+    *,
+    config=None,
+    tokenizer=None,
+    kernels: KernelOptions | None = None,
+    **overrides,
+) -> QuantizedKVCache:
+    """A fresh cache for `method` (a config or a preset name) sized from the model's text config. It never changes the
+    model: it reads the state quant.prepare_model left it in (PreparedModel.make_cache is the usual way here).
 
-    Methods that need the model (RotateKV: its RoPE, sink hooks, calibration with `tokenizer`) get it
-    through their `prepare` hook. With a model, a method whose values' rotation lives in the weights
-    (`method.folds_values`) gets it folded in and any other method gets them restored (quant/fold.py): the model
-    then suits this cache's method. `kernels`: the run's kernel options (default: the defaults); a method with
-    fixed-shape decode steps (`method.fixed_shape_decode`: OScaR's kernel path, BF16's buffers) takes them when the
-    model sits on a GPU or the options name a kernel backend.
+    With a model, the cache follows it: the values arrive rotated when the model's weights carry the folded rotation
+    (quant/fold.py), and a method with fixed-shape decode steps (`method.fixed_shape_decode`: OScaR's kernel path,
+    BF16's buffers) takes them when the model's text attention is the fixed-shape decode's function (prepare_model
+    switches it for a GPU model, or when the kernel options name a kernel backend) and `kernels` picks a kernel
+    backend on the model's device. A model that does not suit the method is refused: a method whose value rotation
+    lives in the weights (`method.folds_values`) on a model not prepared for it, or any other method on a model
+    whose weights carry it. From a config alone, values are rotated in the cache and decode takes the reference path
+    (set `cache.state` by hand to drive the fixed-shape steps, as the tests and benchmarks do).
+
+    Methods that need the model (RotateKV: its RoPE, sink hooks, calibration with `tokenizer`) get it through their
+    `prepare(model, tokenizer, shared)` hook, here: what it sets up is this cache's own state (kept in
+    `cache.shared`, the hooks holding it weakly), not a preparation of the model. `kernels`: the run's kernel options
+    (default: the defaults).
     """
     method = get_method(method, **overrides)
     cfg = text_config(config if config is not None else model)
@@ -148,34 +195,53 @@ def make_cache(method: MethodConfig | str, model=None, *, config=None, tokenizer
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     cache = QuantizedKVCache(method, cfg.num_hidden_layers, kv_heads, head_dim, kernels)
-    if model is not None:  # a folding method's value rotation lives in the weights; every other method needs them plain
-        from quant import fold
-
-        cache.state.values_folded = fold.set_folded(model, method.folds_values)
+    if model is not None:
+        cache.state.values_folded = values_folded(model, method)
     prepare = getattr(method, "prepare", None)
     if prepare is not None:
         if model is None:
-            raise ValueError(f"{method.name or method.method} needs the model itself: "
-                             "make_cache(method, model, tokenizer=...)")
+            raise ValueError(
+                f"{method.name or method.method} needs the model itself: make_cache(method, model, tokenizer=...)"
+            )
         prepare(model, tokenizer, cache.shared)
-    if method.fixed_shape_decode and model is not None and use_fast_decode(cache.kernels, model):
+    if method.fixed_shape_decode and model is not None and fast_decode_ready(cache.kernels, model):
         cache.state.fast_decode = True
     return cache
 
 
-def use_fast_decode(kernels: KernelOptions, model) -> bool:
-    """A method with fixed-shape decode steps (the kernel path, BF16's buffers) takes them when the model sits on a
-    GPU (or the kernel options name a kernel backend). The model's text attention is switched to the "oscar_packed"
-    function, which is SDPA for everything but those steps. Only single sequences take them (the kernels take
-    per-sequence lengths, not left padding)."""
-    device = next(model.parameters()).device
-    if kernels.backend_for(device) == "torch":
-        return False
-    from quant.kernels.hf_decode import register
+def values_folded(model, method: MethodConfig) -> bool:
+    """Whether `model`'s weights carry the folded value rotation, checked against what `method` expects of them."""
+    from quant import fold
 
-    name = register()
-    if model.config.get_text_config() is model.config:
-        model.set_attn_implementation(name)
-    else:  # composite models: the text backbone only (vision/audio encoders keep their attention)
-        model.set_attn_implementation({"text_config": name})
-    return True
+    folded = fold.is_folded(model)
+    if method.folds_values and not folded:
+        raise ValueError(
+            f"{method.name or method.method}: oscar.value_rotation='offline' needs the values' rotation "
+            "folded into the model's weights: prepare the model first (prepared = quant.prepare_model("
+            "model, method, kernels, traits); cache = prepared.make_cache()), or pass "
+            "value_rotation=online"
+        )
+    if folded and not method.folds_values:
+        raise ValueError(
+            f"{method.name or method.method}: the model's weights carry OScaR's folded value rotation "
+            "(quant.prepare_model for a folding method): undo that preparation (PreparedModel.undo()) "
+            "and prepare the model for this method"
+        )
+    return folded
+
+
+FAST_ATTENTION = "oscar_packed"  # the attention function of the fixed-shape decode (quant.kernels.hf_decode.register)
+
+
+def fast_decode_applies(kernels: KernelOptions, model) -> bool:
+    """Whether a method with fixed-shape decode steps (the kernel path, BF16's buffers) takes them on `model`: it sits
+    on a GPU, or the kernel options name a kernel backend. Only single sequences and a padded batch's stacked rows
+    take them (quant/engine/rows.py)."""
+    device = next(model.parameters()).device
+    return kernels.backend_for(device) != "torch"
+
+
+def fast_decode_ready(kernels: KernelOptions, model) -> bool:
+    """fast_decode_applies, and the model's text attention is the fixed-shape decode's function (FAST_ATTENTION,
+    switched by quant.prepare_model): SDPA for everything but those steps."""
+    return fast_decode_applies(kernels, model) and text_config(model)._attn_implementation == FAST_ATTENTION

@@ -14,6 +14,7 @@ Values follow OScaR's value path (V_rot = V @ H_d, B-bit per token over groups o
 without the rotation. Per-token views: relative errors per token, and the tokens whose norm stands far
 from their modality's median (outliers such as the first token).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,8 +37,15 @@ def _summary(values: torch.Tensor) -> dict[str, float]:
     v = values.double()
     mean = v.mean().item()
     std = v.std(unbiased=False).item()
-    return {"n": int(v.numel()), "mean": mean, "std": std, "cv": std / mean if mean else 0.0,
-            "min": v.min().item(), "median": v.median().item(), "max": v.max().item()}
+    return {
+        "n": int(v.numel()),
+        "mean": mean,
+        "std": std,
+        "cv": std / mean if mean else 0.0,
+        "min": v.min().item(),
+        "median": v.median().item(),
+        "max": v.max().item(),
+    }
 
 
 def segments(tags: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -67,17 +75,23 @@ def norm_stats(norms: torch.Tensor, tags: torch.Tensor, group_size: int = 32) ->
     logs = norms.clamp_min(1e-12).log()
     jumps = (logs[1:] - logs[:-1]).abs()
     cross = tags[1:] != tags[:-1]
-    out = {"per_modality": per, "imbalance": max(means) / min(means) if min(means) > 0 else math.inf,
-           "boundaries": int(cross.sum()),
-           "boundary_jump": jumps[cross].mean().item() if cross.any() else None,
-           "within_jump": jumps[~cross].mean().item() if (~cross).any() else None}
+    out = {
+        "per_modality": per,
+        "imbalance": max(means) / min(means) if min(means) > 0 else math.inf,
+        "boundaries": int(cross.sum()),
+        "boundary_jump": jumps[cross].mean().item() if cross.any() else None,
+        "within_jump": jumps[~cross].mean().item() if (~cross).any() else None,
+    }
     mixed, pure = [], []
     for s in range(0, len(norms) - group_size + 1, group_size):
-        g, gt = norms[s:s + group_size], tags[s:s + group_size]
+        g, gt = norms[s : s + group_size], tags[s : s + group_size]
         (mixed if (gt != gt[0]).any() else pure).append((g.max() / g.min().clamp_min(1e-12)).item())
-    out["group_ratio"] = {"straddling": sum(mixed) / len(mixed) if mixed else None,
-                          "single_modality": sum(pure) / len(pure) if pure else None,
-                          "straddling_groups": len(mixed), "groups": len(mixed) + len(pure)}
+    out["group_ratio"] = {
+        "straddling": sum(mixed) / len(mixed) if mixed else None,
+        "single_modality": sum(pure) / len(pure) if pure else None,
+        "straddling_groups": len(mixed),
+        "groups": len(mixed) + len(pure),
+    }
     return out
 
 
@@ -103,8 +117,9 @@ def shifted_groups(groups: list[tuple[int, int]], length: int, shift: int) -> li
     return list(itertools.pairwise(edges))
 
 
-def quantize_token_groups(x: torch.Tensor, groups: list[tuple[int, int]], bits: int,
-                          zero_point: str = "float") -> torch.Tensor:
+def quantize_token_groups(
+    x: torch.Tensor, groups: list[tuple[int, int]], bits: int, zero_point: str = "float"
+) -> torch.Tensor:
     """Per-channel asymmetric quantize-dequantize of x [B, H, S, D] over the given token groups,
     float32 [B, H, S, D] (the arithmetic of quant.primitives, fp16 scale and zero; `zero_point` as there)."""
     out = torch.empty_like(x, dtype=torch.float32)
@@ -114,8 +129,9 @@ def quantize_token_groups(x: torch.Tensor, groups: list[tuple[int, int]], bits: 
     return out
 
 
-def reconstruct_keys(k: torch.Tensor, groups, bits: int = 2, rotation: bool = True, token_norm: bool = True,
-                     zero_point: str = "float"):
+def reconstruct_keys(
+    k: torch.Tensor, groups, bits: int = 2, rotation: bool = True, token_norm: bool = True, zero_point: str = "float"
+):
     """K_hat of OScaR's key path (see the module docstring), float32 [B, H, S, D]. rotation=False and
     token_norm=False give KIVI's per-channel keys with the same groups; zero_point as the method's config."""
     k = k.float()
@@ -127,8 +143,9 @@ def reconstruct_keys(k: torch.Tensor, groups, bits: int = 2, rotation: bool = Tr
     return k_hat @ rot if rot is not None else k_hat
 
 
-def reconstruct_values(v: torch.Tensor, bits: int = 2, group_size: int = 32, rotation: bool = True,
-                       zero_point: str = "float") -> torch.Tensor:
+def reconstruct_values(
+    v: torch.Tensor, bits: int = 2, group_size: int = 32, rotation: bool = True, zero_point: str = "float"
+) -> torch.Tensor:
     """V_hat of OScaR's value path, float32 [B, H, S, D]: V_rot = V @ H_d, asymmetric B-bit quantization per token in
     groups of G channels (quant.packed.quantize, axis -1), V_hat = V_rot_hat @ H_d. rotation=False gives KIVI's
     per-token values. Every token is quantized (the cache's full-precision window is left out of the picture)."""
@@ -156,8 +173,10 @@ def outlier_tokens(norms: torch.Tensor, tags: torch.Tensor, factor: float = 2.0,
     ratio = norms / torch.tensor([medians[c] or 1.0 for c in tags.tolist()])
     far = ((ratio >= factor) | (ratio <= 1 / factor)).nonzero().flatten().tolist()
     far.sort(key=lambda t: -abs(math.log(max(ratio[t].item(), 1e-30))))
-    return [{"position": t, "modality": MODALITY_NAMES[int(tags[t])], "norm": norms[t].item(),
-             "ratio": ratio[t].item()} for t in far[:limit]]
+    return [
+        {"position": t, "modality": MODALITY_NAMES[int(tags[t])], "norm": norms[t].item(), "ratio": ratio[t].item()}
+        for t in far[:limit]
+    ]
 
 
 def per_modality_error(x: torch.Tensor, x_hat: torch.Tensor, tags: torch.Tensor) -> dict[str, float]:
@@ -177,8 +196,13 @@ def scale_bits(groups: list[tuple[int, int]], length: int) -> float:
     return 32.0 * len(groups) / length
 
 
-def alignment_study(keys: list[torch.Tensor], tags: torch.Tensor, group_size: int = 32, bits: int = 2,
-                    methods: dict[str, dict] | None = None) -> dict:
+def alignment_study(
+    keys: list[torch.Tensor],
+    tags: torch.Tensor,
+    group_size: int = 32,
+    bits: int = 2,
+    methods: dict[str, dict] | None = None,
+) -> dict:
     """Does cutting key groups at modality boundaries lower the reconstruction error?
 
     keys: one [B, H, S, D] tensor per layer; tags [S]. For each method variant (default: OScaR and
@@ -187,15 +211,26 @@ def alignment_study(keys: list[torch.Tensor], tags: torch.Tensor, group_size: in
     stores), aligned (cut at every modality boundary), shifted (the aligned cuts moved by G/2: as many
     groups as aligned, not on boundaries). Alignment helps only if aligned < shifted as well as < contiguous.
     """
-    methods = methods or {"oscar": {"rotation": True, "token_norm": True},
-                          "kivi_keys": {"rotation": False, "token_norm": False}}
+    methods = methods or {
+        "oscar": {"rotation": True, "token_norm": True},
+        "kivi_keys": {"rotation": False, "token_norm": False},
+    }
     length = tags.numel()
     aligned = aligned_groups(tags, group_size)
-    layouts = {"contiguous": contiguous_groups(length, group_size), "aligned": aligned,
-               "shifted": shifted_groups(aligned, length, group_size // 2)}
-    result = {"group_size": group_size, "bits": bits, "tokens": length, "layers": len(keys),
-              "boundaries": len(segments(tags)) - 1,
-              "scale_bits": {name: scale_bits(g, length) for name, g in layouts.items()}, "error": {}}
+    layouts = {
+        "contiguous": contiguous_groups(length, group_size),
+        "aligned": aligned,
+        "shifted": shifted_groups(aligned, length, group_size // 2),
+    }
+    result = {
+        "group_size": group_size,
+        "bits": bits,
+        "tokens": length,
+        "layers": len(keys),
+        "boundaries": len(segments(tags)) - 1,
+        "scale_bits": {name: scale_bits(g, length) for name, g in layouts.items()},
+        "error": {},
+    }
     for mname, opts in methods.items():
         result["error"][mname] = {}
         for lname, groups in layouts.items():

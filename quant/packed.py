@@ -22,14 +22,22 @@ contiguous (keys token-major, values channel-major, tile rows permuted so that a
 Variable token groups (OScaR's modality-aligned option): `starts` int64 [n_groups] holds each group's
 first token; scale/zero then have n_groups rows on the token axis. Codes are laid out as above.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 import torch
 
-from quant.primitives import (MIN_SCALE, asym_dequantize, asym_quantize, integer_zero, pack_codes, tensor_cache,
-                              unpack_codes)
+from quant.primitives import (
+    MIN_SCALE,
+    asym_dequantize,
+    asym_quantize,
+    integer_zero,
+    pack_codes,
+    tensor_cache,
+    unpack_codes,
+)
 
 
 @dataclass
@@ -81,11 +89,15 @@ class QTensor:
         if order not in ("natural", "frag", "tl"):
             raise ValueError(f"order must be 'natural', 'frag' or 'tl', got {order!r}")
         if order != "natural" and (self.bits != 2 or self.group != 32 or self.starts is not None):
-            raise ValueError(f"the {order} code order needs INT2 codes in fixed groups of 32 "
-                             f"(got {self.bits} bits, group {self.group}, variable groups: {self.starts is not None})")
+            raise ValueError(
+                f"the {order} code order needs INT2 codes in fixed groups of 32 "
+                f"(got {self.bits} bits, group {self.group}, variable groups: {self.starts is not None})"
+            )
         if order == "tl" and self.num_tokens % TL_BLOCK:
-            raise ValueError(f"the tl code order lays out whole {TL_BLOCK}-token blocks, got {self.num_tokens} tokens: "
-                             "pad them first (pad_tokens)")
+            raise ValueError(
+                f"the tl code order lays out whole {TL_BLOCK}-token blocks, got {self.num_tokens} tokens: "
+                "pad them first (pad_tokens)"
+            )
         codes = self.unpacked()
         scale, zero = self.natural_scales()
         if order == "frag":
@@ -150,9 +162,16 @@ class QTensor:
             return torch.cat([x, x.new_zeros(*x.shape[:2], n, *x.shape[3:])], 2)
 
         per = 32 // self.bits if self.axis == -2 else 1
-        return replace(q, codes=pad(q.codes, (tp - t) // per), scale=pad(q.scale, (tp - t) // self.group),
-                       zero=pad(q.zero, (tp - t) // self.group)) if self.axis == -2 else replace(
-            q, codes=pad(q.codes, tp - t), scale=pad(q.scale, tp - t), zero=pad(q.zero, tp - t))
+        return (
+            replace(
+                q,
+                codes=pad(q.codes, (tp - t) // per),
+                scale=pad(q.scale, (tp - t) // self.group),
+                zero=pad(q.zero, (tp - t) // self.group),
+            )
+            if self.axis == -2
+            else replace(q, codes=pad(q.codes, tp - t), scale=pad(q.scale, tp - t), zero=pad(q.zero, tp - t))
+        )
 
     def map(self, fn) -> "QTensor":
         """Apply fn to every tensor (e.g. batch reordering)."""
@@ -160,22 +179,25 @@ class QTensor:
         return replace(self, **{name: fn(getattr(self, name)) for name in batch})
 
 
-def quantize(x: torch.Tensor, bits: int, group: int, axis: int, clip: float = 1.0,
-             zero_point: str = "float") -> QTensor:
+def quantize(
+    x: torch.Tensor, bits: int, group: int, axis: int, clip: float = 1.0, zero_point: str = "float"
+) -> QTensor:
     """Asymmetric group quantization of x [B, H, T, D] into a packed QTensor (see module docstring);
     zero_point "float" or "integer" as quant.primitives.asym_quantize defines them."""
     b, h, t, d = x.shape
     if axis == -2:
         if t % group:
             raise ValueError(f"token-axis groups need T ({t}) to be a multiple of the group size {group}")
-        codes, scale, zero = asym_quantize(x.reshape(b, h, t // group, group, d), bits, dim=-2, clip=clip,
-                                           zero_point=zero_point)
+        codes, scale, zero = asym_quantize(
+            x.reshape(b, h, t // group, group, d), bits, dim=-2, clip=clip, zero_point=zero_point
+        )
         codes, scale, zero = codes.reshape(b, h, t, d), scale.squeeze(-2), zero.squeeze(-2)
     elif axis == -1:
         if d % group:
             raise ValueError(f"channel-axis groups need head_dim ({d}) to be a multiple of the group size {group}")
-        codes, scale, zero = asym_quantize(x.reshape(b, h, t, d // group, group), bits, dim=-1, clip=clip,
-                                           zero_point=zero_point)
+        codes, scale, zero = asym_quantize(
+            x.reshape(b, h, t, d // group, group), bits, dim=-1, clip=clip, zero_point=zero_point
+        )
         codes, scale, zero = codes.reshape(b, h, t, d), scale.squeeze(-1), zero.squeeze(-1)
     else:
         raise ValueError(f"axis must be -2 (token groups) or -1 (channel groups), got {axis}")
@@ -199,6 +221,40 @@ def quantize_segments(x: torch.Tensor, bits: int, starts: torch.Tensor, zero_poi
     codes = torch.round((xf - zero.float().gather(2, idx)) / scale.float().gather(2, idx))
     codes = codes.clamp_(0, levels).to(torch.uint8)
     return QTensor(pack_codes(codes, bits, -2), scale, zero, bits, 0, -2, starts.long())
+
+
+def token_norms(k_rot: torch.Tensor) -> torch.Tensor:
+    """OScaR's n_t = ||K_rot[b, :, t, :]||_2 over all KV heads and channels, float32 [B, T]; n <= 0 -> 1."""
+    n = k_rot.float().pow(2).sum(dim=(1, 3)).sqrt()
+    return torch.where(n > 0, n, torch.ones_like(n))
+
+
+def pack_reference(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bits: int,
+    group: int,
+    rot: torch.Tensor | None,
+    token_norm: bool = True,
+    zero_point: str = "float",
+    starts: torch.Tensor | None = None,
+    rotate_values: bool = True,
+):
+    """OScaR's pack of a block of T tokens in torch (the reference the fused packs of quant.kernels are tested
+    against; T a multiple of `group`). k, v: [B, H, T, D]; rot: H_d or None (no rotation).
+    Returns (k_q: QTensor axis -2 of K_unit, v_q: QTensor axis -1 of V_rot, norms: float32 [B, T] or None when token
+    scaling is off). `starts`: variable key groups. rotate_values=False: V is quantized as it comes."""
+    k_rot = k.float() @ rot if rot is not None else k.float()
+    v_rot = v.float() @ rot if rot is not None and rotate_values else v.float()
+    norms = token_norms(k_rot) if token_norm else None
+    k_unit = k_rot / norms[:, None, :, None] if norms is not None else k_rot
+    return (
+        quantize(k_unit, bits, group, axis=-2, zero_point=zero_point)
+        if starts is None
+        else quantize_segments(k_unit, bits, starts.to(k.device), zero_point),
+        quantize(v_rot, bits, group, axis=-1, zero_point=zero_point),
+        norms,
+    )
 
 
 def cat_optional(a: QTensor | None, b: QTensor) -> QTensor:

@@ -1,6 +1,7 @@
 """Pure quantization primitives: asymmetric min/max quantization, bit packing, Hadamard matrices,
 random rotations and Lloyd-Max codebooks. No state, no method policy.
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,8 +18,9 @@ MIN_SCALE = 2.0**-24
 ZERO_POINTS = ("integer", "float")
 
 
-def asym_quantize(x: torch.Tensor, bits: int, dim: int, clip: float = 1.0, scale_dtype=torch.float16,
-                  zero_point: str = "float"):
+def asym_quantize(
+    x: torch.Tensor, bits: int, dim: int, clip: float = 1.0, scale_dtype=torch.float16, zero_point: str = "float"
+):
     """Asymmetric min/max quantization along `dim` (the group axis, reduced).
 
     hi = clip * max, lo = clip * min, s = (hi - lo) / (2^B - 1). The zero point, by `zero_point`:
@@ -100,13 +102,16 @@ def tensor_cache(maxsize: int):
     """functools.lru_cache for functions that return tensors (or tuples of them), made as normal tensors even when
     first asked for under torch.inference_mode: a cached inference tensor would break any later computation that
     autograd records."""
+
     def wrap(fn):
         @functools.lru_cache(maxsize=maxsize)
         @functools.wraps(fn)
         def cached(*args, **kwargs):
             with torch.inference_mode(False):
                 return fn(*args, **kwargs)
+
         return cached
+
     return wrap
 
 

@@ -10,12 +10,11 @@ expects under left padding.
 At a decode step the rows answer as they would alone:
 - on the reference path, dense K/V [1, H, n_b, D]: they are stacked right-aligned (zeros where row b has pads,
   which the model's attention mask hides), so each row's attention is its batch-1 attention;
-- on the fixed-shape path (OScaR's kernels, BF16's buffers), the first decode step moves the rows into one layer of
-  batch B (the method's `stack_rows`: quant.methods.oscar.OScaRRows, quant.methods.bf16.BF16Rows) whose buffers
-  hold each row's tokens at its start with per-sequence lengths, which the kernels take: one launch per layer for
-  the whole batch, and one CUDA graph for every step. Each row still flushes at its own step, storing what it would
-  store alone.
+- on the fixed-shape path (OScaR's kernels, BF16's buffers), the decode engine's `FixedStepRows`
+  (quant/engine/rows.py), which the cache takes when its method's layers stack rows, moves the rows into one layer
+  of batch B at the first decode step.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,8 +29,10 @@ def left_pads(attention_mask: torch.Tensor) -> list[int]:
     pads = (~mask).sum(1)
     first = torch.arange(mask.shape[1], device=mask.device)[None, :] >= pads[:, None]
     if not torch.equal(first, mask):
-        raise ValueError("a batch for the quantized cache must be left-padded (zeros only before each prompt): "
-                         "set the tokenizer's or processor's padding_side='left'")
+        raise ValueError(
+            "a batch for the quantized cache must be left-padded (zeros only before each prompt): "
+            "set the tokenizer's or processor's padding_side='left'"
+        )
     return [int(p) for p in pads.tolist()]
 
 
@@ -47,7 +48,7 @@ class RowsLayer(CacheLayerMixin):
         super().__init__()
         self.rows, self.pads = rows, pads
         self.state = state  # the batch's cache state (quant.methods.base.CacheState): whether steps take the kernels
-        self.stacked = None  # the rows in one layer of batch B, from the first fixed-shape decode step on
+        self.stacked = None  # the rows in one layer of batch B, from the first fixed-shape decode step on (engine)
         self.seen = 0  # the padded length transformers counts
         self.is_initialized = True
 
@@ -57,7 +58,7 @@ class RowsLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         first = self.seen == 0
         if self.stacked is None and not first and self._stacks(key_states):
-            self.stacked = type(self.rows[0]).stack_rows(self.rows, self.state)
+            self.stacked = self._stack_rows()
             for row in self.rows:
                 row.reset()  # their tokens live in the stacked layer now; row(b) gives views of them
         if self.stacked is not None:
@@ -67,20 +68,25 @@ class RowsLayer(CacheLayerMixin):
         outs = []
         for b, row in enumerate(self.rows):
             cut = self.pads[b] if first else 0
-            outs.append(row.update(key_states[b:b + 1, :, cut:], value_states[b:b + 1, :, cut:]))
+            outs.append(row.update(key_states[b : b + 1, :, cut:], value_states[b : b + 1, :, cut:]))
         self.seen += key_states.shape[-2]
         if first:  # the prompt attends with its exact K/V under the model's padding mask
             return key_states, value_states
         if not isinstance(outs[0][0], torch.Tensor):
-            raise TypeError(f"{type(self.rows[0]).__name__} took a fixed-shape decode step without stack_rows: a "
-                            "method with fixed-shape steps must stack a padded batch's rows (quant/rows.py)")
+            raise TypeError(
+                f"{type(self.rows[0]).__name__} took a fixed-shape decode step without stack_rows: a "
+                "method with fixed-shape steps must stack a padded batch's rows "
+                "(quant.engine.protocol.StacksRows)"
+            )
         return self._stack([out[0] for out in outs]), self._stack([out[1] for out in outs])
 
     def _stacks(self, key_states: torch.Tensor) -> bool:
-        """Whether this step moves the rows into one stacked layer: a one-token step on the fixed-shape path of a
-        method that has one."""
-        return (key_states.shape[-2] == 1 and self.state is not None and self.state.fast_decode
-                and hasattr(type(self.rows[0]), "stack_rows"))
+        """Whether this step moves the rows into one stacked layer: never on the reference path (the decode engine's
+        FixedStepRows says when)."""
+        return False
+
+    def _stack_rows(self):
+        raise NotImplementedError
 
     def row(self, b: int):
         """Sequence b's layer as it would be alone (views into the stacked layer once there is one)."""
@@ -91,7 +97,7 @@ class RowsLayer(CacheLayerMixin):
         _, h, _, d = rows[0].shape
         out = rows[0].new_zeros(len(rows), h, self.seen, d)
         for b, row in enumerate(rows):
-            out[b, :, self.seen - row.shape[-2]:] = row[0]
+            out[b, :, self.seen - row.shape[-2] :] = row[0]
         return out
 
     # -- transformers' layer API -----------------------------------------------------------------------------
@@ -114,34 +120,10 @@ class RowsLayer(CacheLayerMixin):
         raise NotImplementedError("a quantized cache cannot crop: assisted decoding is not supported")
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        raise NotImplementedError("beam search over a padded batch of quantized caches is not supported: use greedy "
-                                  "decoding or one prompt at a time")
-
-    # -- the fixed-shape decode's protocol (quant.kernels.graph_decode) ----------------------------------------
-    def _steps(self) -> list:
-        return self.rows if self.stacked is None else [self.stacked]
-
-    def graph_ready(self) -> bool:
-        return all(getattr(row, "graph_ready", lambda: False)() for row in self._steps())
-
-    def graph_key(self) -> tuple:
-        return tuple(row.graph_key() for row in self._steps())
-
-    def graph_variant(self):
-        return tuple(getattr(row, "graph_variant", lambda: None)() for row in self._steps())
-
-    def advance_host(self) -> None:
-        for row in self._steps():
-            row.advance_host()
-        self.seen += 1
-
-    def host_state(self):
-        return [row.host_state() for row in self._steps()], self.seen
-
-    def set_host_state(self, state) -> None:
-        rows, self.seen = state
-        for row, s in zip(self._steps(), rows):
-            row.set_host_state(s)
+        raise NotImplementedError(
+            "beam search over a padded batch of quantized caches is not supported: use greedy "
+            "decoding or one prompt at a time"
+        )
 
     # -- accounting ------------------------------------------------------------------------------------------
     def nbytes(self) -> dict[str, int]:

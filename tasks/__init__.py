@@ -1,4 +1,5 @@
 """Task registry: name -> "module:attribute" of a Task object (see tasks.base.Task), imported lazily."""
+
 from __future__ import annotations
 
 import importlib

@@ -1,12 +1,17 @@
 """What every task gives the harness.
 
-A task is data plus pure functions: `load` returns items (dicts with a unique "id"), `run_item` turns
-one item into a record (prediction + scores), `aggregate` turns records into metrics. Aggregation
-never mutates module state, so scoring twice in one process gives the same numbers.
+A task is data plus pure functions: `load` returns items (dicts with a unique "id"), `requests` turns one item into
+what to ask a model (tasks/contract.py: Generate, Score), `record` turns the item and its responses into a record
+(prediction + scores), `aggregate` turns records into metrics. A task never calls a model: the eval loop batches the
+requests of many items and runs them (harness/run.py, harness/runner.py). Aggregation never mutates module state, so
+scoring twice in one process gives the same numbers.
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol
+
+from tasks.contract import Request, Response
 
 
 class TaskDataError(RuntimeError):
@@ -26,15 +31,25 @@ class Task(Protocol):
         """Items in a fixed order. `data`: None = the official data (local copy / warm HF cache),
         "generated" = the project's seeded small set, or a path."""
 
-    def run_item(self, adapter: Any, method: Any, item: dict[str, Any]) -> dict[str, Any]:
-        """One record: {"id", "prediction", "scores": {metric: float}, "category", ...}.
-        A bad item returns {"id", "error": "<what and which item>"} instead of raising."""
+    def requests(self, item: dict[str, Any]) -> list[Request]:
+        """What to ask for `item` (its prompts built here, once). Raises TaskDataError naming the item when it
+        cannot be asked (an unreadable image or clip); an empty list for an item left out of every number."""
+
+    def record(self, item: dict[str, Any], responses: list[Response], error: str | None = None) -> dict[str, Any]:
+        """One record from the item's responses (in the order of `requests`): {"id", "prediction",
+        "scores": {metric: float}, "category", ...}. `error`: why the item's requests could not be built (then
+        `responses` is empty); a response may carry its own error. A failed item gives {"id", "error": "<what and
+        which item>"} (plus whatever the official scorer does with a missing answer), never an exception."""
 
     def aggregate(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """{"metrics": {name: value}, "categories": {category: {metric: value, "n": int}}}."""
 
     def data_fingerprint(self, items: list[dict[str, Any]]) -> str:
         """A hash that changes when the items change."""
+
+    # Requests per model call when the run does not say (--batch-size), or None: the model's own default. Perplexity
+    # windows are scored several at a time by default (their forwards are the work; rows of one length, no padding).
+    default_batch_size: int | None = None
 
     def check_ready(self) -> None:
         """Called by the eval loop once before the first item. Raises TaskNotReady naming what is missing and
@@ -45,31 +60,6 @@ class Task(Protocol):
         """Lines the result file carries about how this run's numbers may be read (e.g. a stand-in scorer: a
         pipeline check, not a score). Default: none."""
         return []
-
-
-# What each model family's adapter reads (harness.models: their build_inputs refuse anything else).
-FAMILY_READS: dict[str, tuple[str, ...]] = {
-    "text": ("text",),
-    "llava": ("image", "text"),
-    "qwen3_vl": ("image", "text"),
-    "qwen3_omni": ("audio", "image", "text"),
-}
-
-
-def refuse_unreadable(task: Any, model: str, specs: dict[str, Any]) -> None:
-    """ValueError when model `model` (a key of `specs`, name -> ModelSpec) cannot read every modality
-    `task.modalities` needs; the message names the models that can. Called before any weights load."""
-    needs = set(getattr(task, "modalities", ()))
-    family = specs[model].family
-    if family not in FAMILY_READS:
-        raise ValueError(f"model family {family!r} of {model} is missing from tasks.base.FAMILY_READS; "
-                         "add what it reads")
-    missing = needs - set(FAMILY_READS[family])
-    if missing:
-        able = sorted(name for name, spec in specs.items() if needs <= set(FAMILY_READS.get(spec.family, ())))
-        raise ValueError(f"{model} cannot run {task.name}: it reads {', '.join(FAMILY_READS[family])}, the task needs "
-                         f"{', '.join(sorted(needs))} (no {', '.join(sorted(missing))}); "
-                         f"models that can: {', '.join(able) or 'none'}")
 
 
 def failure_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -1,5 +1,6 @@
 """Pieces every task folder shares: where generated sets live, building one atomically, and the
 `data` argument's three meanings (None = official data, "generated" = the project's set, else a path)."""
+
 from __future__ import annotations
 
 import os
@@ -40,9 +41,15 @@ def ensure_built(name: str, build: Callable[[Path], Any], root: Path | None = No
     return final
 
 
-def load_items(data: str | None, limit: int | None, *, load_path: Callable[[Path], list],
-               load_official: Callable[[], list], generated: Callable[[], Path],
-               generated_large: Callable[[], Path] | None = None) -> list[dict[str, Any]]:
+def load_items(
+    data: str | None,
+    limit: int | None,
+    *,
+    load_path: Callable[[Path], list],
+    load_official: Callable[[], list],
+    generated: Callable[[], Path],
+    generated_large: Callable[[], Path] | None = None,
+) -> list[dict[str, Any]]:
     """Items from `data`: None = official data, "generated" = the generated set, "generated-large" = that set with
     items at the real benchmark's sizes (long prompts: for speed and memory), else a path."""
     if data == "generated":
@@ -74,7 +81,10 @@ def hub_snapshot(repo_id: str) -> Path | None:
         from huggingface_hub import snapshot_download
 
         # HF_HUB_CACHE is read here, not at import, so a caller can redirect it at run time
-        return Path(snapshot_download(repo_id, repo_type="dataset", local_files_only=True,
-                                      cache_dir=os.environ.get("HF_HUB_CACHE")))
+        return Path(
+            snapshot_download(
+                repo_id, repo_type="dataset", local_files_only=True, cache_dir=os.environ.get("HF_HUB_CACHE")
+            )
+        )
     except Exception:  # LocalEntryNotFoundError, or huggingface_hub missing: both mean "not cached"
         return None

@@ -1,4 +1,5 @@
 """Test-session setup that must happen before any test module imports triton."""
+
 import os
 import shutil
 
@@ -23,8 +24,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    skips = {"gpu": (HAS_GPU, "needs a CUDA GPU"),
-             "cuda_kernels": (HAS_CUDA_KERNELS, "needs a CUDA GPU (sm_80+) and nvcc to build the CUDA kernels")}
+    skips = {
+        "gpu": (HAS_GPU, "needs a CUDA GPU"),
+        "cuda_kernels": (HAS_CUDA_KERNELS, "needs a CUDA GPU (sm_80+) and nvcc to build the CUDA kernels"),
+    }
     for item in items:
         for name, (available, reason) in skips.items():
             if not available and item.get_closest_marker(name):

@@ -1,6 +1,7 @@
 """The committed record: every result file is named by what ran (its config is what its name means today), and the
 generated tables (results/LEADERBOARD.md, the README's results section) are what `make leaderboard` writes from the
 committed files."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,10 +31,11 @@ def test_a_committed_result_is_what_its_name_says(path):
 
 def test_the_leaderboard_and_the_readme_are_what_make_leaderboard_writes(monkeypatch):
     monkeypatch.chdir(ROOT)  # as `make leaderboard` runs: paths in the tables are relative to the checkout
-    board = L.build_board(L.load_runs(R.RUNS_DIR), L.load_json(Path("results/paper.json")),
-                          L.load_bench(Path("results/bench")))
+    board = L.build_board(
+        L.load_runs(R.RUNS_DIR), L.load_json(Path("results/paper.json")), L.load_bench(Path("results/bench"))
+    )
     committed = (ROOT / "results" / "LEADERBOARD.md").read_text(encoding="utf-8")
     assert L.markdown(board) == committed, "results/LEADERBOARD.md is out of date: run `make leaderboard`"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index(L.README_START) + len(L.README_START) + 1:readme.index(L.README_END)]
+    section = readme[readme.index(L.README_START) + len(L.README_START) + 1 : readme.index(L.README_END)]
     assert section == L.markdown(board, short=True), "README.md's results section is out of date: `make leaderboard`"

@@ -1,5 +1,6 @@
 """The repository's hygiene: lint clean, no import circles, the library never imports the harness, no provenance
 (a diary's run or session numbers) in code, tests or docs: the history is git log."""
+
 from __future__ import annotations
 
 import ast
@@ -91,18 +92,32 @@ def test_the_library_never_imports_the_harness():
 
 def test_no_provenance_in_code_tests_or_docs():
     pattern = re.compile(r"session [0-9]|\brun [0-9]+|\bruns [0-9]+(-[0-9]+)?\b|NOTES\.md", re.IGNORECASE)
-    paths = [ROOT / "README.md", *(p for d in ("harness", "quant", "csrc", "tasks", "tests", "docs")
-                                    for p in (ROOT / d).rglob("*") if p.is_file() and p.suffix in
-                                    (".py", ".cu", ".cuh", ".h", ".md", ".sh", ".yaml"))]
-    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:100]}" for p in paths if p != Path(__file__)
-            for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if pattern.search(line)]
+    paths = [
+        ROOT / "README.md",
+        *(
+            p
+            for d in ("harness", "quant", "csrc", "tasks", "tests", "docs")
+            for p in (ROOT / d).rglob("*")
+            if p.is_file() and p.suffix in (".py", ".cu", ".cuh", ".h", ".md", ".sh", ".yaml")
+        ),
+    ]
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()[:100]}"
+        for p in paths
+        if p != Path(__file__)
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert hits == []
 
 
-@pytest.mark.skipif(shutil.which("ruff") is None and not (Path(sys.executable).parent / "ruff").exists(),
-                    reason="ruff is installed by the test extra (make setup)")
+@pytest.mark.skipif(
+    shutil.which("ruff") is None and not (Path(sys.executable).parent / "ruff").exists(),
+    reason="ruff is installed by the test extra (make setup)",
+)
 def test_ruff_is_clean():
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
-    res = subprocess.run([ruff, "check", "--output-format", "concise", str(ROOT)], capture_output=True, text=True,
-                         cwd=ROOT)
+    res = subprocess.run(
+        [ruff, "check", "--output-format", "concise", str(ROOT)], capture_output=True, text=True, cwd=ROOT
+    )
     assert res.returncode == 0, res.stdout[-4000:]

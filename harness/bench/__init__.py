@@ -14,6 +14,7 @@ End to end: a Qwen3-8B-shaped Qwen3ForCausalLM with random bf16 weights, caches 
 target length, one decode step through model.forward: BF16 (preallocated cache, SDPA) vs OScaR
 (packed cache, the kernels through AttentionInterface).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,41 +26,72 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from harness.bench.caches import kv_bytes, make_cache, repeat_step
-from harness.bench.timing import (POINTS, SHAPES, _graph_us, _median_us, capture_graph, clean_l2_us,  # noqa: F401
-                                  copy_bandwidth)
+from harness.bench.timing import POINTS, SHAPES, _graph_us, _median_us, capture_graph, clean_l2_us, copy_bandwidth  # noqa: F401
 
 E2E_CONTEXTS = "4096,32768,131072"
 GENERATE_CONTEXTS = "4096,32768"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--what", choices=["kernels", "e2e", "generate", "all", "peers"], default="all",
-                   help="peers: this project's decode against the peers' own (harness/bench/peers.py; not in all)")
-    p.add_argument("--peer", action="append", default=None, metavar="NAME[=PATH]",
-                   help="with --what peers: a peer's checkout or install (oscar=PATH, kivi=PATH, lmdeploy, vllm); "
-                   "repeatable. Its default points are the issue's five Qwen3-8B ones")
-    p.add_argument("--peers-doc", default="docs/PERFORMANCE.md",
-                   help="with --what peers: the document whose Peers section is rewritten ('' for none)")
+    p.add_argument(
+        "--what",
+        choices=["kernels", "e2e", "generate", "all", "peers"],
+        default="all",
+        help="peers: this project's decode against the peers' own (harness/bench/peers.py; not in all)",
+    )
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=None,
+        metavar="NAME[=PATH]",
+        help="with --what peers: a peer's checkout or install (oscar=PATH, kivi=PATH, lmdeploy, vllm); "
+        "repeatable. Its default points are the issue's five Qwen3-8B ones",
+    )
+    p.add_argument(
+        "--peers-doc",
+        default="docs/PERFORMANCE.md",
+        help="with --what peers: the document whose Peers section is rewritten ('' for none)",
+    )
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {list(SHAPES)}")
     p.add_argument("--points", default=POINTS, help="comma list of BATCHxCONTEXT")
-    p.add_argument("--backends", default="cuda,triton",
-                   help="OScaR variants to time: cuda, triton, or backend:opt=value,... (e.g. cuda:min_blocks=2)")
+    p.add_argument(
+        "--backends",
+        default="cuda,triton",
+        help="OScaR variants to time: cuda, triton, or backend:opt=value,... (e.g. cuda:min_blocks=2)",
+    )
     p.add_argument("--flex", action="store_true", help="also time compiled FlexAttention (slow to compile)")
     p.add_argument("--e2e-contexts", default=E2E_CONTEXTS)
     p.add_argument("--e2e-steps", type=int, default=20)
-    p.add_argument("--e2e-points", default="16x8192",
-                   help="comma list of BATCHxCONTEXT timed end to end besides batch 1 at --e2e-contexts")
-    p.add_argument("--generate-contexts", default=GENERATE_CONTEXTS,
-                   help="prompt lengths for the generate benchmark (make eval's path)")
+    p.add_argument(
+        "--e2e-points",
+        default="16x8192",
+        help="comma list of BATCHxCONTEXT timed end to end besides batch 1 at --e2e-contexts",
+    )
+    p.add_argument(
+        "--generate-contexts",
+        default=GENERATE_CONTEXTS,
+        help="prompt lengths for the generate benchmark (make eval's path)",
+    )
     p.add_argument("--generate-tokens", type=int, default=256, help="new tokens per generate call")
-    p.add_argument("--out", default=None, help="JSON path (default results/bench/runs/bench-<time>.json, git-ignored; "
-                   "the reference of a GPU kind is results/bench/<gpu-kind>.json)")
-    p.add_argument("--against", default=None, help="an older bench JSON of the same GPU: after the run, report the "
-                   "changes and exit 1 on a slowdown beyond --max-slowdown (oscar-eval bench-check)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default results/bench/runs/bench-<time>.json, git-ignored; "
+        "the reference of a GPU kind is results/bench/<gpu-kind>.json)",
+    )
+    p.add_argument(
+        "--against",
+        default=None,
+        help="an older bench JSON of the same GPU: after the run, report the "
+        "changes and exit 1 on a slowdown beyond --max-slowdown (oscar-eval bench-check)",
+    )
     p.add_argument("--max-slowdown", default="5%", help="with --against: tolerated slowdown per point")
-    p.add_argument("--kernels", default=None,
-                   help="kernel options, as for oscar-eval eval (quant.kernels.KernelOptions; "
-                   "the environment's OSCAR_* overrides apply first)")
+    p.add_argument(
+        "--kernels",
+        default=None,
+        help="kernel options, as for oscar-eval eval (quant.kernels.KernelOptions; "
+        "the environment's OSCAR_* overrides apply first)",
+    )
 
 
 def bf16_baselines(q, k, v, flex: bool) -> dict:
@@ -73,9 +105,11 @@ def bf16_baselines(q, k, v, flex: bool) -> dict:
 
     res = {}
     for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+
         def run(backend=backend):
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
         try:
             run()
             res[name] = _median_us(run)
@@ -86,9 +120,8 @@ def bf16_baselines(q, k, v, flex: bool) -> dict:
         res[f"{name}_graph"] = _graph_us(run)
         res[f"{name}_graph_clean"] = _graph_us(run, clean=True)
     if flex:
-        from torch.nn.attention.flex_attention import flex_attention
-
         import torch._dynamo
+        from torch.nn.attention.flex_attention import flex_attention
 
         # One compile per shape: past dynamo's default recompile limit (8) flex_attention silently falls
         # back to an unfused implementation, whose times are not FlexAttention's.
@@ -102,8 +135,9 @@ def bf16_baselines(q, k, v, flex: bool) -> dict:
     return res
 
 
-def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bool, res_tokens: int = 64,
-                 wide: bool = True) -> dict:
+def kernel_point(
+    shape: str, batch: int, ctx: int, backends: list[str], flex: bool, res_tokens: int = 64, wide: bool = True
+) -> dict:
     """One (shape, batch, context) point: BF16 baselines, OScaR pack and decode per backend (`wide`: the CUDA decode
     may take its 8-warp build, KernelOptions.wide_decode)."""
     import torch
@@ -128,19 +162,28 @@ def kernel_point(shape: str, batch: int, ctx: int, backends: list[str], flex: bo
     # OScaR's default: V's rotation folded into v_proj/o_proj (quant/fold.py), so the pack rotates the keys only and
     # the decode leaves its output in the values' basis. "_online" rows: V rotated in the cache as well.
     kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=False)
-    kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device=dev),
-                  values_rotated=False)
+    kv = PackedKV(
+        kq,
+        vq,
+        norms,
+        k[:, :, tq:].contiguous(),
+        v[:, :, tq:].contiguous(),
+        hadamard(d, device=dev),
+        values_rotated=False,
+    )
     row["oscar_bytes"] = bytes_read(kv)
     for suffix, rv in (("", False), ("_online", True)):
         row[f"pack_prefill{suffix}_us"] = _median_us(
-            lambda: pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=rv), 5, 20)
-    row["pack_prefill_bytes"] = 2 * k[:, :, :tq].nbytes + bytes_read(PackedKV(kq, vq, norms, k[:, :, :0],
-                                                                            v[:, :, :0], None))
+            lambda rv=rv: pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=rv), 5, 20
+        )
+    row["pack_prefill_bytes"] = 2 * k[:, :, :tq].nbytes + bytes_read(
+        PackedKV(kq, vq, norms, k[:, :, :0], v[:, :, :0], None)
+    )
     blk_k, blk_v = k[:, :, :128].contiguous(), v[:, :, :128].contiguous()
     row["pack_block128_us"] = _median_us(lambda: pack_kv(blk_k, blk_v, backend="cuda", rotate_values=False))
     if "cuda" in backends:  # what any kernel pays to stream these bytes and launch this grid (floor.py)
-        from quant.kernels.cuda import launch_plan
         from harness.bench.floor import floor_point
+        from quant.kernels.cuda import launch_plan
 
         plan = row["cuda_plan"] = launch_plan(q, kv, wide=wide)
         try:
@@ -184,19 +227,25 @@ def _best(row: dict, keys: tuple[str, ...]) -> tuple[float, str | None]:
 
 def summarize(row: dict, copy_bw: float) -> dict:
     """Best BF16, speedups and bandwidth fractions of one kernel row. Eager OScaR times are compared with eager BF16
-    ones, graph replays with graph replays (the BF16 eager times where a row has no graph ones: files before run
-    113), each flush with the same flush."""
+    ones, graph replays with graph replays (the BF16 eager times where a row has no graph ones: older bench files),
+    each flush with the same flush."""
     best, name = _best(row, ("sdpa_flash", "sdpa_cudnn", "flex"))
     best_clean, _ = _best(row, ("sdpa_flash_clean", "sdpa_cudnn_clean"))
     graph, graph_name = _best(row, ("sdpa_flash_graph", "sdpa_cudnn_graph"))
     graph_clean, _ = _best(row, ("sdpa_flash_graph_clean", "sdpa_cudnn_graph_clean"))
     if graph_name is None:
         graph, graph_name, graph_clean = best, name, best_clean
-    out = {"best_bf16_us": best, "best_bf16": name, "best_bf16_clean_us": best_clean,
-           "best_bf16_graph_us": graph, "best_bf16_graph": graph_name, "best_bf16_graph_clean_us": graph_clean}
+    out = {
+        "best_bf16_us": best,
+        "best_bf16": name,
+        "best_bf16_clean_us": best_clean,
+        "best_bf16_graph_us": graph,
+        "best_bf16_graph": graph_name,
+        "best_bf16_graph_clean_us": graph_clean,
+    }
     for key, t in list(row.items()):
         if key.startswith("oscar_") and key.endswith("_us") and isinstance(t, float):
-            be = key[len("oscar_"):-len("_us")]
+            be = key[len("oscar_") : -len("_us")]
             ref = (graph_clean if be.endswith("_clean") else graph) if "_graph" in be else best
             out[f"speedup_{be}"] = ref / t
             out[f"bw_frac_{be}"] = row["oscar_bytes"] / (t * 1e-6) / copy_bw
@@ -205,8 +254,9 @@ def summarize(row: dict, copy_bw: float) -> dict:
         out["ceiling_speedup"] = best / row["floor_read_us"]
         out["ceiling_speedup_clean"] = best_clean / row["floor_read_clean_us"]
     attention = row.get("oscar_cuda_us")  # an error's text where the CUDA decode failed: the row is kept, unrated
-    out["pack_step_frac_of_cuda_attention"] = ((row["pack_block128_us"] / 128) / attention
-                                               if isinstance(attention, float) else math.nan)
+    out["pack_step_frac_of_cuda_attention"] = (
+        (row["pack_block128_us"] / 128) / attention if isinstance(attention, float) else math.nan
+    )
     out["pack_prefill_bw_frac"] = row["pack_prefill_bytes"] / (row["pack_prefill_us"] * 1e-6) / copy_bw
     if isinstance(row.get("pack_prefill_online_us"), float):  # V rotated in the pack too (value_rotation=online)
         online_s = row["pack_prefill_online_us"] * 1e-6
@@ -241,41 +291,57 @@ def _kernel_line(r: dict) -> str:
     if "error" in r:
         return f"{r['shape']:>18} {r['batch']:>3}x{r['context']:<6} {r['error']}"
     num = lambda x, w=".1f": format(x, w) if isinstance(x, float) else "-"  # noqa: E731
-    parts = [f"{r['shape']:>18} {r['batch']:>3}x{r['context']:<6} flash {num(r.get('sdpa_flash'))} "
-             f"g{num(r.get('sdpa_flash_graph'))} cudnn {num(r.get('sdpa_cudnn'))} g{num(r.get('sdpa_cudnn_graph'))}"
-             + (f" flex {num(r.get('flex'))}" if "flex" in r else "")]
+    parts = [
+        f"{r['shape']:>18} {r['batch']:>3}x{r['context']:<6} flash {num(r.get('sdpa_flash'))} "
+        f"g{num(r.get('sdpa_flash_graph'))} cudnn {num(r.get('sdpa_cudnn'))} g{num(r.get('sdpa_cudnn_graph'))}"
+        + (f" flex {num(r.get('flex'))}" if "flex" in r else "")
+    ]
     for key in r:
         if key.startswith("oscar_") and key.endswith("_us") and not key.endswith(("_graph_us", "_graph_clean_us")):
-            be = key[len("oscar_"):-len("_us")]
-            parts.append(f"| {be} {num(r[key])} g{num(r.get(f'oscar_{be}_graph_us'))}"
-                         f" x{num(r.get(f'speedup_{be}'), '.2f')} bw{num(r.get(f'bw_frac_{be}'), '.2f')}"
-                         f" clean-L2 g{num(r.get(f'oscar_{be}_graph_clean_us'))}"
-                         f" x{num(r.get(f'speedup_{be}_graph_clean'), '.2f')}")
+            be = key[len("oscar_") : -len("_us")]
+            parts.append(
+                f"| {be} {num(r[key])} g{num(r.get(f'oscar_{be}_graph_us'))}"
+                f" x{num(r.get(f'speedup_{be}'), '.2f')} bw{num(r.get(f'bw_frac_{be}'), '.2f')}"
+                f" clean-L2 g{num(r.get(f'oscar_{be}_graph_clean_us'))}"
+                f" x{num(r.get(f'speedup_{be}_graph_clean'), '.2f')}"
+            )
     if "floor_read_us" in r:
-        parts.append(f"| read floor {num(r['floor_read_us'])} / {num(r.get('floor_read_clean_us'))} ceiling "
-                     f"x{num(r.get('ceiling_speedup'), '.2f')} / x{num(r.get('ceiling_speedup_clean'), '.2f')}")
-    parts.append(f"| pack/step {num(r.get('pack_step_frac_of_cuda_attention'), '.3f')} prefill-bw "
-                 f"{num(r.get('pack_prefill_bw_frac'), '.2f')} "
-                 f"(V online {num(r.get('pack_prefill_online_bw_frac'), '.2f')})")
+        parts.append(
+            f"| read floor {num(r['floor_read_us'])} / {num(r.get('floor_read_clean_us'))} ceiling "
+            f"x{num(r.get('ceiling_speedup'), '.2f')} / x{num(r.get('ceiling_speedup_clean'), '.2f')}"
+        )
+    parts.append(
+        f"| pack/step {num(r.get('pack_step_frac_of_cuda_attention'), '.3f')} prefill-bw "
+        f"{num(r.get('pack_prefill_bw_frac'), '.2f')} "
+        f"(V online {num(r.get('pack_prefill_online_bw_frac'), '.2f')})"
+    )
     return " ".join(parts)
 
 
 def qwen3_8b_config():
     from transformers import Qwen3Config
 
-    return Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                       max_position_embeddings=262144, rope_theta=1_000_000.0, tie_word_embeddings=False)
+    return Qwen3Config(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=262144,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=False,
+    )
 
 
-def build_model(cfg, kernels=None):
-    """Random-weight bf16 model on the GPU, attention through quant.kernels.hf_decode.packed_attention, and the
-    layer kernels `kernels` (quant.kernels.KernelOptions) asks for (quant.kernels.patch_model: RMSNorms, RoPE and
-    decode-sized linear layers; the BF16 and OScaR runs share the model)."""
+def build_model(cfg):
+    """Random-weight bf16 Qwen3 model on the GPU, attention through quant.kernels.hf_decode.packed_attention. Layer
+    kernels and a method's folding come with `prepare` (quant.prepare_model), undone after each use."""
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from quant.kernels import patch_model
     from quant.kernels.hf_decode import register
 
     name = register()
@@ -288,8 +354,17 @@ def build_model(cfg, kernels=None):
     finally:
         torch.set_default_dtype(default)
     model.config._attn_implementation = name
-    patch_model(model, kernels)
     return model
+
+
+def prepare(model, method: str = "bf16", kernels=None):
+    """quant.prepare_model of the bench's Qwen3 model for `method` with the layer kernels `kernels`
+    (quant.kernels.KernelOptions) asks for (RMSNorms, RoPE and decode-sized linear layers); "bf16" folds nothing, so
+    caches made from the config alone (the BF16 and OScaR points of `e2e_point`) share it. Undo it when done."""
+    import quant
+    from harness.models import traits_of
+
+    return quant.prepare_model(model, quant.get_method(method), kernels, traits_of("qwen3-8b"))
 
 
 def _sdpa_order():
@@ -335,8 +410,16 @@ def e2e_point(model, cfg, kind, batch, ctx, steps, kernels) -> dict:
     cache = make_cache(kind, cfg, batch, ctx, steps, kernels)
     kv = kv_bytes(cache)
     ms, graph_ms = decode_step_ms(model, cache, batch, steps)
-    row = {"kind": kind, "batch": batch, "context": ctx, "step_ms": ms, "tokens_per_s": batch / ms * 1e3,
-           "graph_step_ms": graph_ms, "kv_bytes": kv, "peak_bytes": torch.cuda.max_memory_allocated()}
+    row = {
+        "kind": kind,
+        "batch": batch,
+        "context": ctx,
+        "step_ms": ms,
+        "tokens_per_s": batch / ms * 1e3,
+        "graph_step_ms": graph_ms,
+        "kv_bytes": kv,
+        "peak_bytes": torch.cuda.max_memory_allocated(),
+    }
     if isinstance(graph_ms, float):
         row["graph_tokens_per_s"] = batch / graph_ms * 1e3
     del cache
@@ -356,8 +439,7 @@ def largest_batch(model, cfg, kind, ctx, steps, kernels, probe: dict | None = No
     per sequence, and its peak memory besides the cache), then stepped down one sequence at a time on OOM.
 
     The probe must be at the real context: a cache's fixed parts (OScaR's 128-token bf16 window, the capacity
-    rounding) weigh 15% of a 4K sequence and 0.5% of a 128K one, so a short probe undercounts what fits (a 4K
-    probe fits 14 OScaR sequences at 128K where 17 fit)."""
+    rounding) weigh far more in a short sequence than in a long one, so a shorter probe undercounts what fits."""
     import torch
 
     if probe is None or probe.get("context") != ctx or probe.get("batch") != 1:
@@ -374,11 +456,16 @@ def largest_batch(model, cfg, kind, ctx, steps, kernels, probe: dict | None = No
 
 
 def run_e2e(args) -> list[dict]:
-    import torch
-
     cfg = qwen3_8b_config()
     kernels = bench_kernels(args)
-    model = build_model(cfg, kernels)
+    model = build_model(cfg)
+    with prepare(model, "bf16", kernels):
+        return _e2e_rows(args, model, cfg, kernels)
+
+
+def _e2e_rows(args, model, cfg, kernels) -> list[dict]:
+    import torch
+
     rows = []
     points = [(1, int(c)) for c in args.e2e_contexts.split(",")]
     points += [(int(b), int(c)) for b, c in (p.lower().split("x") for p in args.e2e_points.split(",") if p)]
@@ -393,26 +480,28 @@ def run_e2e(args) -> list[dict]:
             print(_e2e_line(rows[-1]), flush=True)
     ctx = max(int(c) for c in args.e2e_contexts.split(","))
     for kind in ("bf16", "oscar"):
-        probe = next((r for r in rows if r["kind"] == kind and r["context"] == ctx and r.get("batch") == 1
-                      and "error" not in r), None)
-        rows.append({**largest_batch(model, cfg, kind, ctx, max(8, args.e2e_steps // 2), kernels, probe),
-                     "largest": True})
+        probe = next(
+            (r for r in rows if r["kind"] == kind and r["context"] == ctx and r.get("batch") == 1 and "error" not in r),
+            None,
+        )
+        rows.append(
+            {**largest_batch(model, cfg, kind, ctx, max(8, args.e2e_steps // 2), kernels, probe), "largest": True}
+        )
         print(_e2e_line(rows[-1]), flush=True)
     return rows
 
 
 def generate_point(model, kind: str, ctx: int, new: int, kernels=None) -> dict:
     """One greedy `generate` of `new` tokens after a random `ctx`-token prompt, the way `make eval` runs it:
-    quant.make_cache(method, model) for "bf16" or "oscar" (BF16's fixed buffers, OScaR's kernel path), decode steps
-    replayed as CUDA graphs (quant.kernels.graph_decode), or eager for the "-eager" kinds. The same machinery for
-    both methods: the comparison is like for like. Wall times; decode ms/token = (generate of `new` tokens -
-    generate of 1 token) / (new - 1), the best of two of each."""
+    the model prepared for "bf16" or "oscar" (quant.prepare_model: BF16's fixed buffers, OScaR's kernel path and its
+    values' rotation folded in), decode steps replayed as CUDA graphs (quant.engine), or eager for the "-eager" kinds.
+    The same machinery for both methods: the comparison is like for like. Wall times; decode ms/token =
+    (generate of `new` tokens - generate of 1 token) / (new - 1), the best of two of each."""
     import contextlib
 
     import torch
 
-    import quant
-    from quant.kernels.graph_decode import GraphDecoder
+    from quant.engine import GraphDecoder
 
     method, eager = kind.removesuffix("-eager"), kind.endswith("-eager")
     prompt = torch.randint(0, model.config.vocab_size, (1, ctx), generator=torch.Generator().manual_seed(ctx))
@@ -420,7 +509,7 @@ def generate_point(model, kind: str, ctx: int, new: int, kernels=None) -> dict:
     counts = {}
 
     def run(n: int) -> float:
-        cache = quant.make_cache(method, model, kernels=kernels)  # OScaR's folds V's rotation into the weights
+        cache = prepared.make_cache()
         dec = contextlib.nullcontext() if eager else GraphDecoder(model, cache)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -431,19 +520,28 @@ def generate_point(model, kind: str, ctx: int, new: int, kernels=None) -> dict:
             counts.update(dec.counts)
         return time.perf_counter() - t0
 
-    run(3)  # warm-up: kernel builds, cuDNN plans, the allocator
-    first = min(run(1) for _ in range(2))
-    total = min(run(new) for _ in range(2))
+    with prepare(model, method, kernels) as prepared:
+        run(3)  # warm-up: kernel builds, cuDNN plans, the allocator
+        first = min(run(1) for _ in range(2))
+        total = min(run(new) for _ in range(2))
     ms = 1e3 * (total - first) / (new - 1)
-    return {"kind": kind, "context": ctx, "new_tokens": new, "prefill_s": first, "generate_s": total,
-            "decode_ms_per_token": ms, "tokens_per_s": 1e3 / ms, "graph_counts": counts or None}
+    return {
+        "kind": kind,
+        "context": ctx,
+        "new_tokens": new,
+        "prefill_s": first,
+        "generate_s": total,
+        "decode_ms_per_token": ms,
+        "tokens_per_s": 1e3 / ms,
+        "graph_counts": counts or None,
+    }
 
 
 def run_generate(args) -> list[dict]:
     import torch
 
     kernels = bench_kernels(args)
-    model = build_model(qwen3_8b_config(), kernels)
+    model = build_model(qwen3_8b_config())
     rows = []
     for ctx in (int(c) for c in args.generate_contexts.split(",") if c):
         for kind in ("bf16-eager", "bf16", "oscar-eager", "oscar"):
@@ -453,9 +551,16 @@ def run_generate(args) -> list[dict]:
                 rows.append({"kind": kind, "context": ctx, "error": f"out of memory: {str(err).splitlines()[0]}"})
             torch.cuda.empty_cache()
             r = rows[-1]
-            print(f"generate {kind:>11} 1x{ctx:<6} " + (r["error"] if "error" in r else
-                  f"prefill {r['prefill_s']:6.2f} s  decode {r['decode_ms_per_token']:7.2f} ms/token "
-                  f"({r['tokens_per_s']:6.1f} tok/s)  graphs {r['graph_counts']}"), flush=True)
+            print(
+                f"generate {kind:>11} 1x{ctx:<6} "
+                + (
+                    r["error"]
+                    if "error" in r
+                    else f"prefill {r['prefill_s']:6.2f} s  decode {r['decode_ms_per_token']:7.2f} ms/token "
+                    f"({r['tokens_per_s']:6.1f} tok/s)  graphs {r['graph_counts']}"
+                ),
+                flush=True,
+            )
     return rows
 
 
@@ -464,9 +569,11 @@ def _e2e_line(r: dict) -> str:
         return f"e2e {r['kind']:>5} ctx {r['context']}: {r['error']}"
     g = r.get("graph_step_ms")
     g = f"{g:8.2f}" if isinstance(g, float) else str(g)[:60]
-    return (f"e2e {r['kind']:>5} {r['batch']:>3}x{r['context']:<6} step {r['step_ms']:8.2f} ms (graph {g}) "
-            f"{r['tokens_per_s']:9.1f} tok/s  KV {r['kv_bytes'] / 2**30:7.2f} GiB  "
-            f"peak {r['peak_bytes'] / 2**30:6.2f} GiB")
+    return (
+        f"e2e {r['kind']:>5} {r['batch']:>3}x{r['context']:<6} step {r['step_ms']:8.2f} ms (graph {g}) "
+        f"{r['tokens_per_s']:9.1f} tok/s  KV {r['kv_bytes'] / 2**30:7.2f} GiB  "
+        f"peak {r['peak_bytes'] / 2**30:6.2f} GiB"
+    )
 
 
 def bench_kernels(args):
@@ -487,10 +594,17 @@ def environment(kernels=None) -> dict:
     from harness.results import kernel_switches
 
     p = torch.cuda.get_device_properties(0)
-    return {"device": p.name, "sms": p.multi_processor_count, "memory_bytes": p.total_memory,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
-            **{k: v for k, v in kernel_switches(kernels).items() if k != "cuda_graphs"}}
+    return {
+        "device": p.name,
+        "sms": p.multi_processor_count,
+        "memory_bytes": p.total_memory,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        **{k: v for k, v in kernel_switches(kernels).items() if k != "cuda_graphs"},
+    }
 
 
 def main(args) -> int:
@@ -522,8 +636,9 @@ def main(args) -> int:
 
     print(bench_check.format_for_bench(result))
     if args.against:
-        changes = bench_check.compare(bench_check.load(args.against), result,
-                                      bench_check.parse_slowdown(args.max_slowdown))
+        changes = bench_check.compare(
+            bench_check.load(args.against), result, bench_check.parse_slowdown(args.max_slowdown)
+        )
         print(f"against {args.against}:")
         print(bench_check.format_changes(changes, bench_check.parse_slowdown(args.max_slowdown)))
         return 1 if any(c["regression"] for c in changes) else 0

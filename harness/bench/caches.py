@@ -6,6 +6,7 @@ uses, preallocated K/V written in place and views of the valid part handed to SD
 mask at one query token). Both replay a captured decode step idempotently: the step writes the same cache slot
 each time (BF16: a host-constant position; OScaR: `repeat_step` resets the layers' window lengths in one launch).
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,10 +37,10 @@ class DenseDecodeLayer(CacheLayerMixin):
         n = key_states.shape[2]
         if self.length + n > self.capacity:
             raise ValueError(f"cache capacity {self.capacity} exceeded: make it larger")
-        self.keys[:, :, self.length:self.length + n] = key_states
-        self.values[:, :, self.length:self.length + n] = value_states
+        self.keys[:, :, self.length : self.length + n] = key_states
+        self.values[:, :, self.length : self.length + n] = value_states
         self.length += n
-        return self.keys[:, :, :self.length], self.values[:, :, :self.length]
+        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
 
     def fill_random(self, batch, heads, head_dim, length, device, dtype=torch.bfloat16, seed=0):
         x = torch.empty(batch, heads, 1, head_dim, device=device, dtype=dtype)

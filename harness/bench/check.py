@@ -16,11 +16,13 @@ is out of reach for any kernel of these bytes on that GPU, and is marked so.
 Exit status: 0; 1 when --against finds a regression beyond --max-slowdown (or, with --require-targets, when a target
 is missed); 2 on bad input (unreadable file, no kernel rows, different GPUs).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,17 +34,30 @@ class BenchFileError(ValueError):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("new", help="a `make bench` JSON (the reference of a GPU kind: results/bench/<gpu>.json)")
-    p.add_argument("--against", default=None, help="an older bench JSON of the same GPU, or 'reference': the file "
-                   "under --reference-dir recorded on the same GPU; report every change, "
-                   "fail (exit 1) on a slowdown beyond --max-slowdown")
-    p.add_argument("--max-slowdown", default="5%", help="tolerated slowdown per point (default 5%%; run-to-run noise "
-                   "of graph replays on one H100 is 1-2%%)")
-    p.add_argument("--reference-dir", default="results/bench", help="where --against reference looks: one "
-                   "<gpu-kind>.json per GPU kind")
+    p.add_argument(
+        "--against",
+        default=None,
+        help="an older bench JSON of the same GPU, or 'reference': the file "
+        "under --reference-dir recorded on the same GPU; report every change, "
+        "fail (exit 1) on a slowdown beyond --max-slowdown",
+    )
+    p.add_argument(
+        "--max-slowdown",
+        default="5%",
+        help="tolerated slowdown per point (default 5%%: above the run-to-run noise of graph replays of the same code)",
+    )
+    p.add_argument(
+        "--reference-dir",
+        default="results/bench",
+        help="where --against reference looks: one <gpu-kind>.json per GPU kind",
+    )
     p.add_argument("--backend", default="cuda", help="the OScaR backend the targets are read for (cuda or triton)")
     p.add_argument("--require-targets", action="store_true", help="also fail (exit 1) when a target is missed")
-    p.add_argument("--all", action="store_true", help="list every time of both runs, not only the gated ones that "
-                   "moved by more than --max-slowdown")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="list every time of both runs, not only the gated ones that moved by more than --max-slowdown",
+    )
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -58,16 +73,35 @@ def load(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# How `oscar-eval bench` names a run it writes (harness/bench/__init__.py): bench-<UTC time>.json.
+RUN_NAME = re.compile(r"bench-\d{8}T\d{6}Z")
+
+
+def reference_paths(reference_dir: Path) -> list[Path]:
+    """The GPU kinds' references: every <gpu-kind>.json directly under reference_dir (not its runs/ folder). A bench
+    run's file there (bench-<time>.json) is refused: a run is no GPU kind."""
+    paths = sorted(reference_dir.glob("*.json")) if reference_dir.is_dir() else []
+    runs = [p for p in paths if RUN_NAME.fullmatch(p.stem)]
+    if runs:
+        raise BenchFileError(
+            f"{runs[0]}: a bench run, not a GPU kind's reference; runs belong in "
+            f"{reference_dir}/runs/ (git-ignored), a reference is {reference_dir}/<gpu-kind>.json"
+        )
+    return paths
+
+
 def reference_for(data: dict, reference_dir: Path) -> Path:
     """The reference bench JSON under reference_dir recorded on the same GPU as `data` (environment.device)."""
     device = (data.get("environment") or {}).get("device")
-    files = sorted(reference_dir.glob("*.json")) if reference_dir.is_dir() else []
+    files = reference_paths(reference_dir)
     for path in files:
         if (load(path).get("environment") or {}).get("device") == device:
             return path
     kinds = ", ".join(p.name for p in files) or "none"
-    raise BenchFileError(f"no reference for {device} under {reference_dir}/ (there: {kinds}); commit this GPU's "
-                         f"bench JSON as {reference_dir}/<gpu-kind>.json to gate against it")
+    raise BenchFileError(
+        f"no reference for {device} under {reference_dir}/ (there: {kinds}); commit this GPU's "
+        f"bench JSON as {reference_dir}/<gpu-kind>.json to gate against it"
+    )
 
 
 def parse_slowdown(text: str) -> float:
@@ -141,10 +175,19 @@ def target_rows(data: dict, backend: str = "cuda") -> list[dict]:
     rows = []
 
     def add(what, shape, target, dirty, clean=None, ceiling=None, ceiling_clean=None):
-        rows.append({"target": what, "shape": shape, "threshold": target.threshold,
-                     "higher_is_better": target.higher_is_better, "dirty": dirty, "clean": clean,
-                     "ceiling": ceiling, "ceiling_clean": ceiling_clean,
-                     "status": status(target, [(dirty, ceiling), (clean, ceiling_clean)])})
+        rows.append(
+            {
+                "target": what,
+                "shape": shape,
+                "threshold": target.threshold,
+                "higher_is_better": target.higher_is_better,
+                "dirty": dirty,
+                "clean": clean,
+                "ceiling": ceiling,
+                "ceiling_clean": ceiling_clean,
+                "status": status(target, [(dirty, ceiling), (clean, ceiling_clean)]),
+            }
+        )
 
     for shape in shapes(data):
         for (batch, ctx), need in DECODE:
@@ -152,20 +195,34 @@ def target_rows(data: dict, backend: str = "cuda") -> list[dict]:
             if r is None:
                 continue
             label = f"decode {batch} x {ctx // 1024}K vs best BF16" + (" (not slower)" if need == 1.0 else "")
-            add(label, shape, Target(label, need), num(r.get(f"speedup_{backend}_graph")),
-                num(r.get(f"speedup_{backend}_graph_clean")), num(r.get("ceiling_speedup")),
-                num(r.get("ceiling_speedup_clean")))
+            add(
+                label,
+                shape,
+                Target(label, need),
+                num(r.get(f"speedup_{backend}_graph")),
+                num(r.get(f"speedup_{backend}_graph_clean")),
+                num(r.get("ceiling_speedup")),
+                num(r.get("ceiling_speedup_clean")),
+            )
         for batch, ctx in BANDWIDTH:
             r = kernel_row(data, shape, batch, ctx)
             if r is None:
                 continue
             copy_bw = num(data.get("copy_bandwidth_Bps"))
             floor = [num(r.get(k)) for k in ("floor_read_us", "floor_read_clean_us")]
-            ceil = [r["oscar_bytes"] / (f * 1e-6) / copy_bw if f and copy_bw and num(r.get("oscar_bytes")) else None
-                    for f in floor]
+            ceil = [
+                r["oscar_bytes"] / (f * 1e-6) / copy_bw if f and copy_bw and num(r.get("oscar_bytes")) else None
+                for f in floor
+            ]
             label = f"effective bandwidth {batch} x {ctx // 1024}K (of copy)"
-            add(label, shape, Target(label, 0.75), num(r.get(f"bw_frac_{backend}_graph")),
-                num(r.get(f"bw_frac_{backend}_graph_clean")), *ceil)
+            add(
+                label,
+                shape,
+                Target(label, 0.75),
+                num(r.get(f"bw_frac_{backend}_graph")),
+                num(r.get(f"bw_frac_{backend}_graph_clean")),
+                *ceil,
+            )
         for r in data.get("kernels") or []:
             if r.get("shape") == shape and r.get("context") == 32768 and "error" not in r:
                 label = f"pack per step {r['batch']} x 32K (of attention)"
@@ -192,24 +249,56 @@ def e2e_target_rows(data: dict) -> list[dict]:
     if bf and oq:
         cap = kv_format_cap(E2E_KV_HEADS * E2E_HEAD_DIM, 131072)
         for label, value, need, ceiling, beyond in [
-                ("e2e step 1 x 128K vs BF16 (graph)", ratio(bf.get("graph_step_ms"), oq.get("graph_step_ms")), 1.6,
-                 None, ""),
-                ("e2e KV memory 1 x 128K, smaller by", ratio(bf.get("kv_bytes"), oq.get("kv_bytes")), 5.3, cap,
-                 "the format's cap")]:
+            (
+                "e2e step 1 x 128K vs BF16 (graph)",
+                ratio(bf.get("graph_step_ms"), oq.get("graph_step_ms")),
+                1.6,
+                None,
+                "",
+            ),
+            (
+                "e2e KV memory 1 x 128K, smaller by",
+                ratio(bf.get("kv_bytes"), oq.get("kv_bytes")),
+                5.3,
+                cap,
+                "the format's cap",
+            ),
+        ]:
             t = Target(label, need)
-            rows.append({"target": label, "shape": "qwen3-8b (e2e)", "threshold": need, "higher_is_better": True,
-                         "dirty": value, "clean": None, "ceiling": ceiling, "ceiling_clean": None,
-                         "status": status(t, [(value, ceiling)], beyond)})
+            rows.append(
+                {
+                    "target": label,
+                    "shape": "qwen3-8b (e2e)",
+                    "threshold": need,
+                    "higher_is_better": True,
+                    "dirty": value,
+                    "clean": None,
+                    "ceiling": ceiling,
+                    "ceiling_clean": None,
+                    "status": status(t, [(value, ceiling)], beyond),
+                }
+            )
     big = lambda r: r.get("largest") and r.get("context") == 131072  # noqa: E731
     bf, oq = find("bf16", big), find("oscar", big)
     if bf and oq:
         label = f"e2e tokens/s, largest 128K batch ({bf.get('batch')} vs {oq.get('batch')} seqs)"
-        value = ratio(oq.get("graph_tokens_per_s", oq.get("tokens_per_s")),
-                      bf.get("graph_tokens_per_s", bf.get("tokens_per_s")))
+        value = ratio(
+            oq.get("graph_tokens_per_s", oq.get("tokens_per_s")), bf.get("graph_tokens_per_s", bf.get("tokens_per_s"))
+        )
         t = Target(label, 4.5)
-        rows.append({"target": label, "shape": "qwen3-8b (e2e)", "threshold": 4.5, "higher_is_better": True,
-                     "dirty": value, "clean": None, "ceiling": None, "ceiling_clean": None,
-                     "status": status(t, [(value, None)])})
+        rows.append(
+            {
+                "target": label,
+                "shape": "qwen3-8b (e2e)",
+                "threshold": 4.5,
+                "higher_is_better": True,
+                "dirty": value,
+                "clean": None,
+                "ceiling": None,
+                "ceiling_clean": None,
+                "status": status(t, [(value, None)]),
+            }
+        )
     return rows
 
 
@@ -246,9 +335,9 @@ def _timings(data: dict) -> dict[tuple, tuple[float, bool]]:
 
     Gated (a slowdown fails the check): OScaR's graph-replayed decode times and e2e steps (GPU time), and prefill
     packs long enough to be GPU-bound. Reported only: the BF16 baselines (not our code, but they say how far the
-    machine differed between runs), eager times (host-bound at short contexts: the same code has measured 18-41 us
-    for one 128-token pack on one H100) and `generate`'s wall time per token (it has moved by 6% between runs of the
-    same code)."""
+    machine differed between runs), eager times (host-bound at short contexts: they follow the host's launch speed
+    more than the code) and `generate`'s wall time per token (whole calls with sampling and captures: they move
+    between runs of the same code by more than a gate tolerates)."""
     out = {}
     for r in data.get("kernels") or []:
         if "error" in r:
@@ -261,13 +350,18 @@ def _timings(data: dict) -> dict[tuple, tuple[float, bool]]:
                 out[("kernel", key, *point)] = (float(v), True)
             elif key == "pack_prefill_us":
                 out[("kernel", key, *point)] = (float(v), float(v) >= GPU_BOUND_PACK_US)
-            elif (key.startswith("sdpa_") or (key.startswith("oscar_") and key.endswith("_us"))
-                  or key == "pack_block128_us"):
+            elif (
+                key.startswith("sdpa_")
+                or (key.startswith("oscar_") and key.endswith("_us"))
+                or key == "pack_block128_us"
+            ):
                 out[("kernel", key, *point)] = (float(v), False)
     for r in data.get("e2e") or []:
         if "error" not in r and num(r.get("graph_step_ms")) is not None:
             out[("e2e", f"{r['kind']} graph_step_ms", r.get("batch"), r.get("context"))] = (
-                float(r["graph_step_ms"]), r["kind"] != "bf16")
+                float(r["graph_step_ms"]),
+                r["kind"] != "bf16",
+            )
     for r in data.get("generate") or []:  # wall time of whole generate calls (sampling, captures): reported only
         if "error" not in r and num(r.get("decode_ms_per_token")) is not None:
             out[("generate", f"{r['kind']} ms/token", 1, r.get("context"))] = (float(r["decode_ms_per_token"]), False)
@@ -279,15 +373,27 @@ def compare(old: dict, new: dict, max_slowdown: float) -> list[dict]:
     max_slowdown."""
     dev = [(d.get("environment") or {}).get("device") for d in (old, new)]
     if dev[0] and dev[1] and dev[0] != dev[1]:
-        raise BenchFileError(f"the runs are on different GPUs ({dev[0]} vs {dev[1]}): their times do not compare; "
-                             "bench the older code on the same GPU")
+        raise BenchFileError(
+            f"the runs are on different GPUs ({dev[0]} vs {dev[1]}): their times do not compare; "
+            "bench the older code on the same GPU"
+        )
     a, b = _timings(old), _timings(new)
     rows = []
     for key in a.keys() & b.keys():
         change = b[key][0] / a[key][0] - 1
         gated = a[key][1] and b[key][1]
-        rows.append({"section": key[0], "what": key[1], "point": key[2:], "old": a[key][0], "new": b[key][0],
-                     "change": change, "gated": gated, "regression": gated and change > max_slowdown})
+        rows.append(
+            {
+                "section": key[0],
+                "what": key[1],
+                "point": key[2:],
+                "old": a[key][0],
+                "new": b[key][0],
+                "change": change,
+                "gated": gated,
+                "regression": gated and change > max_slowdown,
+            }
+        )
     order = {"kernel": 0, "e2e": 1, "generate": 2}
     rows.sort(key=lambda r: (order[r["section"]], str(r["point"][0]), r["point"][1:], r["what"]))
     return rows
@@ -304,15 +410,22 @@ def format_targets(rows: list[dict]) -> str:
     lines = [f"{'target':<52} {'shape':<20} {'need':>6} {'dirty':>7} {'clean':>7} {'ceiling':>15}  status"]
     for r in rows:
         need = ("<= " if not r["higher_is_better"] else ">= ") + format(r["threshold"], "g")
-        ceil = "-" if r["ceiling"] is None and r["ceiling_clean"] is None else \
-            f"{_f(r['ceiling'])} / {_f(r['ceiling_clean'])}"
-        lines.append(f"{r['target']:<52} {r['shape']:<20} {need:>6} {_f(r['dirty'], '.3g'):>7} "
-                     f"{_f(r['clean'], '.3g'):>7} {ceil:>15}  {r['status']}")
+        ceil = (
+            "-"
+            if r["ceiling"] is None and r["ceiling_clean"] is None
+            else f"{_f(r['ceiling'])} / {_f(r['ceiling_clean'])}"
+        )
+        lines.append(
+            f"{r['target']:<52} {r['shape']:<20} {need:>6} {_f(r['dirty'], '.3g'):>7} "
+            f"{_f(r['clean'], '.3g'):>7} {ceil:>15}  {r['status']}"
+        )
     missed = [r for r in rows if r["status"].startswith("MISSED")]
     clean_only = [r for r in rows if r["status"].startswith("met (clean only)")]
-    lines.append(f"{len(rows) - len(missed) - len(clean_only)} of {len(rows)} met after both flushes, "
-                 f"{len(clean_only)} after the read-only one only, {len(missed)} missed; "
-                 f"ceiling = best BF16 / bare-stream read of the same bytes, dirty / clean (KV: the format's cap)")
+    lines.append(
+        f"{len(rows) - len(missed) - len(clean_only)} of {len(rows)} met after both flushes, "
+        f"{len(clean_only)} after the read-only one only, {len(missed)} missed; "
+        f"ceiling = best BF16 / bare-stream read of the same bytes, dirty / clean (KV: the format's cap)"
+    )
     return "\n".join(lines)
 
 
@@ -322,19 +435,24 @@ def format_changes(rows: list[dict], max_slowdown: float, show_all: bool = False
     for r in shown:
         pt = " ".join(str(x) for x in r["point"])
         flag = "  REGRESSION" if r["regression"] else ("" if r["gated"] else "  (not gated)")
-        lines.append(f"{r['section']:<9} {pt:<32} {r['what']:<34} {r['old']:>10.2f} {r['new']:>10.2f} "
-                     f"{100 * r['change']:>+7.1f}%{flag}")
+        lines.append(
+            f"{r['section']:<9} {pt:<32} {r['what']:<34} {r['old']:>10.2f} {r['new']:>10.2f} "
+            f"{100 * r['change']:>+7.1f}%{flag}"
+        )
     n_reg = sum(r["regression"] for r in rows)
     gated = [r["change"] for r in rows if r["gated"]]
     geo = math.exp(sum(math.log1p(c) for c in gated) / len(gated)) - 1 if gated else math.nan
     if n_reg:
-        lines.append("re-measure a flagged point before blaming the code (oscar-eval bench --what kernels --shapes S "
-                     "--points BxT, on a fresh machine if it repeats): at LLaVA 16 x 32K the graph replay after "
-                     "do_bench's flush has taken 607 or 682-684 us by process and machine with the same code, its "
-                     "eager and clean times steady")
-    lines.append(f"{len(rows)} times in both runs, {len(gated)} of them gated (GPU-bound OScaR times: geometric mean "
-                 f"change {100 * geo:+.1f}%, {n_reg} regression(s) beyond {100 * max_slowdown:g}%)"
-                 + ("" if show_all else "; --all lists every time, the BF16 baselines and eager times too"))
+        lines.append(
+            "re-measure a flagged point before blaming the code (oscar-eval bench --what kernels --shapes S "
+            "--points BxT, on a fresh machine if it repeats): a graph replay after do_bench's dirty flush "
+            "can move by process and machine with the same code; its eager and clean times are steadier"
+        )
+    lines.append(
+        f"{len(rows)} times in both runs, {len(gated)} of them gated (GPU-bound OScaR times: geometric mean "
+        f"change {100 * geo:+.1f}%, {n_reg} regression(s) beyond {100 * max_slowdown:g}%)"
+        + ("" if show_all else "; --all lists every time, the BF16 baselines and eager times too")
+    )
     return "\n".join(lines)
 
 
@@ -345,8 +463,10 @@ def main(args) -> int:
             raise BenchFileError(f"{args.new}: no kernel or e2e rows to check")
         max_slowdown = parse_slowdown(args.max_slowdown)
         targets = target_rows(new, args.backend)
-        print(f"{args.new} ({(new.get('environment') or {}).get('device', 'unknown GPU')}, {new.get('date', '')}), "
-              f"backend {args.backend}:")
+        print(
+            f"{args.new} ({(new.get('environment') or {}).get('device', 'unknown GPU')}, {new.get('date', '')}), "
+            f"backend {args.backend}:"
+        )
         print(format_targets(targets))
         code = 0
         if args.require_targets and any(r["status"].startswith("MISSED") for r in targets):
@@ -369,4 +489,3 @@ def main(args) -> int:
 def format_for_bench(data: dict, backend: str = "cuda") -> str:
     """The targets table `oscar-eval bench` prints after a run."""
     return format_targets(target_rows(data, backend))
-

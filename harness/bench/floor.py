@@ -1,7 +1,7 @@
 """The decode kernel's floors: what any kernel pays, on this GPU and timed the same way, to stream the bytes one
 decode step must read and to launch a grid of the decode's shape. They estimate the speedup a decode kernel can
 reach over a BF16 baseline (`ceiling = BF16 time / read floor`) before any of its own work is counted. An estimate,
-not a proof: a better streaming kernel may exist (at 16x32K after the dirty flush the decode matched the floor).
+not a proof: a better streaming kernel than the floor's own may exist.
 
     python3 -m benchmarks.floors --points 1x131072,16x32768,64x4096 --out floor.json
 
@@ -12,6 +12,7 @@ evict-first policy); the best is the floor. The launch floor is an empty grid of
 its shared memory. Both are CUDA-graph replays timed after do_bench's zero-fill flush (dirty L2) and after a
 read-only flush (clean), like the decode in `oscar-eval bench` (harness/bench/__init__.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,22 +34,29 @@ def read_floor(nbytes: int, device="cuda", ctas_per_sm=CTAS_PER_SM) -> dict:
 
     mod = cuda.load(128)
     words = -(-nbytes // 16)
-    buf = torch.randint(-2**31, 2**31 - 1, (4 * words,), dtype=torch.int32, device=device)
+    buf = torch.randint(-(2**31), 2**31 - 1, (4 * words,), dtype=torch.int32, device=device)
     sink = _sink(device)
     sms = num_sms(torch.device(device))
     configs = [(sms * c, 128) for c in ctas_per_sm] + [(sms * 2, 256), (sms * 4, 256)]
     rows = []
     for ctas, threads in configs:
         for async_ in (False, True):
+
             def fn(ctas=ctas, threads=threads, async_=async_):
                 mod.read_floor(buf, sink, ctas, threads, async_)
+
             rows.append([ctas, threads, async_, _graph_us(fn), _graph_us(fn, clean=True)])
     inf = float("inf")
     best = min(rows, key=lambda r: r[4] if isinstance(r[4], float) else inf)
     best_dirty = min(rows, key=lambda r: r[3] if isinstance(r[3], float) else inf)
     name = lambda r: f"{r[0]} CTAs x {r[1]} {'cp.async evict-first' if r[2] else 'ld.global.nc'}"  # noqa: E731
-    return {"read_us": best_dirty[3], "read_clean_us": best[4], "read_config": name(best),
-            "read_dirty_config": name(best_dirty), "read_all": rows}
+    return {
+        "read_us": best_dirty[3],
+        "read_clean_us": best[4],
+        "read_config": name(best),
+        "read_dirty_config": name(best_dirty),
+        "read_all": rows,
+    }
 
 
 def launch_floor(ctas: int, device="cuda", build: tuple[int, int] | None = None) -> dict:
@@ -63,6 +71,7 @@ def launch_floor(ctas: int, device="cuda", build: tuple[int, int] | None = None)
 
     def fn():
         mod.empty_launch(sink, ctas, 32 * warps, mod.decode_smem_bytes)
+
     fn()
     return {"launch_us": _graph_us(fn), "launch_clean_us": _graph_us(fn, clean=True), "launch_ctas": ctas}
 

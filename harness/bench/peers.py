@@ -28,6 +28,7 @@ Each peer's bits per element (its packed codes, scales, zeros and norms over the
 version (`git rev-parse` of a checkout, else the package's version) go into the JSON (results/bench/peers-<time>.json)
 and into the "Peers" section of docs/PERFORMANCE.md (`--peers-doc`), which this command rewrites and nothing else.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,9 +51,11 @@ REPO = Path(__file__).resolve().parents[2]
 # Why a row timed eagerly is marked: its time holds the host's launches between its kernels, which a graph replay
 # does not, so it bounds the peer's kernels from above and does not compare with the replayed columns.
 EAGER_MARK = "not like-for-like: timed eagerly, not graph-replayed"
-EAGER_NOTE = ("(eager): timed as it runs, not graph-replayed, so not like-for-like with the other columns: its time "
-              "includes the host's launches between its kernels, which a replay removes. The peers table says why it "
-              "ran eagerly.")
+EAGER_NOTE = (
+    "(eager): timed as it runs, not graph-replayed, so not like-for-like with the other columns: its time "
+    "includes the host's launches between its kernels, which a replay removes. The peers table says why it "
+    "ran eagerly."
+)
 
 
 class PeerUnavailable(RuntimeError):
@@ -62,6 +65,7 @@ class PeerUnavailable(RuntimeError):
 @dataclass
 class Step:
     """One peer's decode step over a filled cache: fn() -> output [B, Hq, 1, D]; bits per element of its packed part."""
+
     fn: Callable
     bits: float
     graph: bool = True  # capturable in a CUDA graph (else timed eagerly)
@@ -98,8 +102,13 @@ def parse_peers(specs: list[str]) -> dict[str, Path | None]:
 def git_version(path: Path) -> str | None:
     """The checkout's short commit (no network), or None where it is not a git checkout."""
     try:
-        res = subprocess.run(["git", "-C", str(path), "rev-parse", "--short=7", "HEAD"], capture_output=True,
-                             text=True, timeout=30, check=False)
+        res = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--short=7", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return res.stdout.strip() or None if res.returncode == 0 else None
@@ -114,8 +123,9 @@ def load_file(module_name: str, path: Path):
     return module
 
 
-def build_extension(name: str, root: Path, sources: list[str], includes: list[str], cuda_flags: list[str],
-                    cxx_flags: list[str]):
+def build_extension(
+    name: str, root: Path, sources: list[str], includes: list[str], cuda_flags: list[str], cxx_flags: list[str]
+):
     """Build (or reuse) a peer's torch extension named `name` (its Python code imports that name) from `root`'s
     sources, for this GPU's arch, into cache_dir()/peers/<name>-<hash>; registered in sys.modules."""
     import torch
@@ -131,9 +141,14 @@ def build_extension(name: str, root: Path, sources: list[str], includes: list[st
     build = cache_dir() / "peers" / f"{name}-{h.hexdigest()[:12]}"
     build.mkdir(parents=True, exist_ok=True)
     try:
-        mod = load(name=name, sources=[str(root / s) for s in sources],
-                   extra_include_paths=[str(root / i) for i in includes],
-                   extra_cflags=cxx_flags, extra_cuda_cflags=cuda_flags + arch, build_directory=str(build))
+        mod = load(
+            name=name,
+            sources=[str(root / s) for s in sources],
+            extra_include_paths=[str(root / i) for i in includes],
+            extra_cflags=cxx_flags,
+            extra_cuda_cflags=cuda_flags + arch,
+            build_directory=str(build),
+        )
     except Exception as e:
         raise PeerUnavailable(f"its extension did not build here ({type(e).__name__}: {str(e)[-300:]})") from e
     sys.modules[name] = mod
@@ -151,16 +166,38 @@ class OfficialOScaR:
         if not (root / "libs/cutlass/include/cute").is_dir():
             raise PeerUnavailable(f"{root}/libs/cutlass/include is missing: run `git submodule update --init` there")
         src = "csrc/oscar/src/"
-        sources = ["csrc/oscar/decode_api.cpp", src + "k_preprocess.cu"] + [src + "genfile/" + f for f in (
-            "flash_fwd_hdim128_fp16_sm80.cu", "flash_qpack_hdim128_fp16_sm80_2bit.cu",
-            "flash_qpack_hdim128_fp16_sm80_4bit.cu", "flash_fwd_split_hdim128_fp16_sm80_2bit.cu",
-            "flash_fwd_split_hdim128_fp16_sm80_4bit.cu")]
+        sources = ["csrc/oscar/decode_api.cpp", src + "k_preprocess.cu"] + [
+            src + "genfile/" + f
+            for f in (
+                "flash_fwd_hdim128_fp16_sm80.cu",
+                "flash_qpack_hdim128_fp16_sm80_2bit.cu",
+                "flash_qpack_hdim128_fp16_sm80_4bit.cu",
+                "flash_fwd_split_hdim128_fp16_sm80_2bit.cu",
+                "flash_fwd_split_hdim128_fp16_sm80_4bit.cu",
+            )
+        ]
         # the flags of its setup.py
-        cuda = ["-O3", "-std=c++17", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-                "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "--expt-relaxed-constexpr",
-                "--expt-extended-lambda", "--use_fast_math", "--threads", "4"]
-        build_extension("oscar_cuda", root, sources, ["csrc/oscar", "csrc/oscar/src", "libs/cutlass/include"], cuda,
-                        ["-O3", "-std=c++17"])
+        cuda = [
+            "-O3",
+            "-std=c++17",
+            "-U__CUDA_NO_HALF_OPERATORS__",
+            "-U__CUDA_NO_HALF_CONVERSIONS__",
+            "-U__CUDA_NO_HALF2_OPERATORS__",
+            "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            "--expt-relaxed-constexpr",
+            "--expt-extended-lambda",
+            "--use_fast_math",
+            "--threads",
+            "4",
+        ]
+        build_extension(
+            "oscar_cuda",
+            root,
+            sources,
+            ["csrc/oscar", "csrc/oscar/src", "libs/cutlass/include"],
+            cuda,
+            ["-O3", "-std=c++17"],
+        )
         self.api = load_file("oscar_official_interface", root / "oscar/oscar_interface.py")
 
     def step(self, q, k, v) -> Step:
@@ -179,8 +216,22 @@ class OfficialOScaR:
         v_pack = torch.zeros(b, packed, hkv, d // per, **u16)
         v_params = torch.zeros(b, d // self.GROUP, hkv, packed, **f32)
         cu = torch.arange(0, (b + 1) * packed, packed, dtype=torch.int32, device=dev)
-        k_norm = api.kvcache_pack_int(ks, k_pack, k_params, vs, v_pack, v_params, None, cu, packed, "k-channel",
-                                      self.GROUP, self.BITS, apply_k_hadamard=True, apply_k_norm=True)
+        k_norm = api.kvcache_pack_int(
+            ks,
+            k_pack,
+            k_params,
+            vs,
+            v_pack,
+            v_params,
+            None,
+            cu,
+            packed,
+            "k-channel",
+            self.GROUP,
+            self.BITS,
+            apply_k_hadamard=True,
+            apply_k_norm=True,
+        )
         k_res = torch.zeros(b, self.RESIDUAL, hkv, d, dtype=f16, device=dev)
         v_res = torch.zeros_like(k_res)
         kw, norm_w = api.preprocess_k_cache(k[:, :, packed:].transpose(1, 2).to(f16).contiguous(), True, True)
@@ -190,19 +241,41 @@ class OfficialOScaR:
         norm_res[:, :window] = norm_w.float()
         lens = torch.full((b,), packed, dtype=torch.int32, device=dev)
         blk = 128  # its residual_block_size: the buffers a step may pack a full window into
-        new = (torch.empty(b, blk // per, hkv, d, **u16), torch.empty(b, blk // self.GROUP, hkv, d, **f32),
-               torch.empty(b, blk, hkv, d // per, **u16), torch.empty(b, d // self.GROUP, hkv, blk, **f32))
+        new = (
+            torch.empty(b, blk // per, hkv, d, **u16),
+            torch.empty(b, blk // self.GROUP, hkv, d, **f32),
+            torch.empty(b, blk, hkv, d // per, **u16),
+            torch.empty(b, d // self.GROUP, hkv, blk, **f32),
+        )
         qs = q.transpose(1, 2).to(f16).contiguous()  # [B, 1, Hq, D]
 
         def fn():
             qr, _ = api.preprocess_k_cache(qs, apply_hadamard=True, apply_norm=False)
-            out = api.fwd_kvcache_int(qr.contiguous(), k_pack, k_params, v_pack, v_params, k_res, v_res, lens, *new,
-                                      None, d**-0.5, "k-channel", self.GROUP, blk, window, self.BITS, k_norm,
-                                      norm_res)[0]
+            out = api.fwd_kvcache_int(
+                qr.contiguous(),
+                k_pack,
+                k_params,
+                v_pack,
+                v_params,
+                k_res,
+                v_res,
+                lens,
+                *new,
+                None,
+                d**-0.5,
+                "k-channel",
+                self.GROUP,
+                blk,
+                window,
+                self.BITS,
+                k_norm,
+                norm_res,
+            )[0]
             return out.transpose(1, 2)
 
-        nbytes = (sum(x.nbytes for x in (k_pack, k_params, v_pack, v_params))
-                  + (k_norm.nbytes if k_norm is not None else 0))
+        nbytes = sum(x.nbytes for x in (k_pack, k_params, v_pack, v_params)) + (
+            k_norm.nbytes if k_norm is not None else 0
+        )
         return Step(fn, 8 * nbytes / (2 * b * hkv * packed * d), note=f"{window}-token fp16 window")
 
 
@@ -214,12 +287,28 @@ class Kivi:
     def __init__(self, root: Path):
         if not (root / "quant/csrc/gemv_cuda.cu").is_file():
             raise PeerUnavailable(f"{root} is not a KIVI checkout (no quant/csrc/gemv_cuda.cu)")
-        cuda = ["-O3", "-std=c++17", "-DENABLE_BF16", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-                "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-                "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__", "--expt-relaxed-constexpr",
-                "--expt-extended-lambda", "--use_fast_math"]  # its quant/setup.py
-        build_extension("kivi_gemv", root, ["quant/csrc/pybind.cpp", "quant/csrc/gemv_cuda.cu"], [], cuda,
-                        ["-O3", "-std=c++17", "-DENABLE_BF16"])
+        cuda = [
+            "-O3",
+            "-std=c++17",
+            "-DENABLE_BF16",
+            "-U__CUDA_NO_HALF_OPERATORS__",
+            "-U__CUDA_NO_HALF_CONVERSIONS__",
+            "-U__CUDA_NO_BFLOAT16_OPERATORS__",
+            "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            "-U__CUDA_NO_BFLOAT162_OPERATORS__",
+            "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+            "--expt-relaxed-constexpr",
+            "--expt-extended-lambda",
+            "--use_fast_math",
+        ]  # its quant/setup.py
+        build_extension(
+            "kivi_gemv",
+            root,
+            ["quant/csrc/pybind.cpp", "quant/csrc/gemv_cuda.cu"],
+            [],
+            cuda,
+            ["-O3", "-std=c++17", "-DENABLE_BF16"],
+        )
         self.pack = load_file("kivi_new_pack", root / "quant/new_pack.py").triton_quantize_and_pack_along_last_dim
         self.bmm = load_file("kivi_matmul", root / "quant/matmul.py").cuda_bmm_fA_qB_outer
 
@@ -247,9 +336,13 @@ class Kivi:
             return out + torch.matmul(w[:, :, :, packed:], repeat(v_full))
 
         nbytes = sum(x.nbytes for x in (kq, k_scale, k_mn, vq, v_scale, v_mn))
-        return Step(fn, 8 * nbytes / (2 * b * hkv * packed * d), graph=False,
-                    note=f"{self.RESIDUAL}-token fp16 window; its GEMV launches on the legacy default stream, which a "
-                         "CUDA graph cannot capture unless patched to launch on the current stream")
+        return Step(
+            fn,
+            8 * nbytes / (2 * b * hkv * packed * d),
+            graph=False,
+            note=f"{self.RESIDUAL}-token fp16 window; its GEMV launches on the legacy default stream, which a "
+            "CUDA graph cannot capture unless patched to launch on the current stream",
+        )
 
 
 def probe_package(name: str, path: Path | None):
@@ -326,29 +419,45 @@ def peer_point(shape: str, batch: int, ctx: int, peers: list[Peer]) -> dict:
     with sdpa_kernel(SDPBackend.MATH):
         exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
     for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+
         def run(backend=backend):
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
         row[name] = {"us": _graph_us(run), "clean_us": _graph_us(run, clean=True), "mode": "graph", "bits": 16.0}
     tq = ctx - 64 - (ctx - 64) % 128  # the bench's 64-token window (rounded to whole 128-token blocks)
     kq, vq, norms = pack_kv(k[:, :, :tq], v[:, :, :tq], backend="cuda", rotate_values=False)
-    kv = PackedKV(kq, vq, norms, k[:, :, tq:].contiguous(), v[:, :, tq:].contiguous(), hadamard(d, device="cuda"),
-                  values_rotated=False)
+    kv = PackedKV(
+        kq,
+        vq,
+        norms,
+        k[:, :, tq:].contiguous(),
+        v[:, :, tq:].contiguous(),
+        hadamard(d, device="cuda"),
+        values_rotated=False,
+    )
 
     def ours():
         return decode_attention(q, kv, d**-0.5, backend="cuda")
 
     packed_bytes = bytes_read(PackedKV(kq, vq, norms, k[:, :, :0], v[:, :, :0], None))
-    row["project"] = {**time_step(ours, True), "bits": 8 * packed_bytes / (2 * batch * hkv * tq * d),
-                      "rel_err_vs_exact": relative_error(ours().float(), exact)}
+    row["project"] = {
+        **time_step(ours, True),
+        "bits": 8 * packed_bytes / (2 * batch * hkv * tq * d),
+        "rel_err_vs_exact": relative_error(ours().float(), exact),
+    }
     for peer in peers:
         if peer.error:
             continue
         try:
             step = peer.impl.step(q, k, v)
             out = step.fn()
-            row[peer.name] = {**time_step(step.fn, step.graph), "bits": step.bits, "note": step.note,
-                              "rel_err_vs_exact": relative_error(out.float(), exact)}
+            row[peer.name] = {
+                **time_step(step.fn, step.graph),
+                "bits": step.bits,
+                "note": step.note,
+                "rel_err_vs_exact": relative_error(out.float(), exact),
+            }
             del step, out
         except Exception as e:  # noqa: BLE001  (one peer failing at one point must not lose the others)
             row[peer.name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
@@ -379,38 +488,65 @@ def format_section(result: dict) -> str:
     peers = result["peers"]
     cols = [("bf16", "BF16 (best SDPA)"), ("project", "this project")] + [(p["name"], TITLES[p["name"]]) for p in peers]
     env = result["environment"]
-    lines = ["## Peers", "",
-             (f"One decode step (one query token) of each peer beside BF16 and this project, timed in one process by "
-             f"`oscar-eval bench --what peers` on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}) on "
-             f"{result['date'][:8]}: graph replays (eager where a peer's launches cannot be captured, marked), "
-             "medians in us, as `make bench` times. Random bf16 q/K/V, Qwen3-8B's 32 query / 8 KV heads of 128; "
-             "each peer's cache filled by its own pack, converted to its dtype (fp16 for the official OScaR and "
-             "KIVI). Regenerate with `make bench OPTS=\"--what peers --peer oscar=PATH --peer kivi=PATH --peer "
-             "lmdeploy --peer vllm\"`."), ""]
+    lines = [
+        "## Peers",
+        "",
+        (
+            f"One decode step (one query token) of each peer beside BF16 and this project, timed in one process by "
+            f"`oscar-eval bench --what peers` on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}) on "
+            f"{result['date'][:8]}: graph replays (eager where a peer's launches cannot be captured, marked), "
+            "medians in us, as `make bench` times. Random bf16 q/K/V, Qwen3-8B's 32 query / 8 KV heads of 128; "
+            "each peer's cache filled by its own pack, converted to its dtype (fp16 for the official OScaR and "
+            'KIVI). Regenerate with `make bench OPTS="--what peers --peer oscar=PATH --peer kivi=PATH --peer '
+            'lmdeploy --peer vllm"`.'
+        ),
+        "",
+    ]
     for key, title in (("us", "after do_bench's dirty L2 flush"), ("clean_us", "after a read-only L2 flush")):
-        lines += [f"**Times {title}** (us):", "", "| point | " + " | ".join(t for _, t in cols) + " |",
-                  "|---" * (len(cols) + 1) + "|"]
+        lines += [
+            f"**Times {title}** (us):",
+            "",
+            "| point | " + " | ".join(t for _, t in cols) + " |",
+            "|---" * (len(cols) + 1) + "|",
+        ]
         for row in (r for r in result["points"] if "error" not in r):
-            best = min((row[n] for n in ("sdpa_cudnn", "sdpa_flash") if isinstance(row[n].get(key), float)),
-                       key=lambda e: e[key], default=None)
+            best = min(
+                (row[n] for n in ("sdpa_cudnn", "sdpa_flash") if isinstance(row[n].get(key), float)),
+                key=lambda e: e[key],
+                default=None,
+            )
             errors = {p["name"]: p["error"] for p in peers if p.get("error")}
-            cells = [_cell(best, key)] + [status_cell(errors[n]) if n in errors else _cell(row.get(n), key)
-                                          for n, _ in cols[1:]]
+            cells = [_cell(best, key)] + [
+                status_cell(errors[n]) if n in errors else _cell(row.get(n), key) for n, _ in cols[1:]
+            ]
             lines.append(f"| {row['batch']} x {row['context'] // 1024}K | " + " | ".join(cells) + " |")
         lines.append("")
-    eager = {n for row in result["points"] if "error" not in row for n, _ in cols[1:]
-             if isinstance(row.get(n), dict) and row[n].get("mode") == "eager"}
+    eager = {
+        n
+        for row in result["points"]
+        if "error" not in row
+        for n, _ in cols[1:]
+        if isinstance(row.get(n), dict) and row[n].get("mode") == "eager"
+    }
     if eager:
         lines += [EAGER_NOTE, ""]
-    lines += [("**The peers** (bits per element: the packed part's codes, scales, zeros and norms over its K and V "
-              "elements, at the longest point; error: relative L2 against the unquantized attention in float32 at "
-              "that point, which says the peer computed attention over its own 2-bit cache):"), "",
-              "| peer | version | bits per element | error vs exact | how it ran |", "|---|---|---|---|---|"]
+    lines += [
+        (
+            "**The peers** (bits per element: the packed part's codes, scales, zeros and norms over its K and V "
+            "elements, at the longest point; error: relative L2 against the unquantized attention in float32 at "
+            "that point, which says the peer computed attention over its own 2-bit cache):"
+        ),
+        "",
+        "| peer | version | bits per element | error vs exact | how it ran |",
+        "|---|---|---|---|---|",
+    ]
     last = max((r for r in result["points"] if "error" not in r), key=lambda r: r["batch"] * r["context"], default={})
     proj = last.get("project", {})
     how = (f"**{EAGER_MARK}**; " if "project" in eager else "") + "CUDA decode, 64-token bf16 window"
-    lines.append(f"| this project | {result['project_version']} | {proj.get('bits', float('nan')):.3f} | "
-                 f"{proj.get('rel_err_vs_exact', float('nan')):.3f} | {how} |")
+    lines.append(
+        f"| this project | {result['project_version']} | {proj.get('bits', float('nan')):.3f} | "
+        f"{proj.get('rel_err_vs_exact', float('nan')):.3f} | {how} |"
+    )
     for p in peers:
         e = last.get(p["name"], {})
         if p.get("error"):
@@ -419,8 +555,9 @@ def format_section(result: dict) -> str:
             lines.append(f"| {TITLES[p['name']]} | {p['version']} | - | - | failed: {e.get('error', 'no result')} |")
         else:
             how = "; ".join(x for x in ((f"**{EAGER_MARK}**" if p["name"] in eager else ""), e.get("note", "")) if x)
-            lines.append(f"| {TITLES[p['name']]} | {p['version']} | {e['bits']:.3f} | {e['rel_err_vs_exact']:.3f} | "
-                         f"{how} |")
+            lines.append(
+                f"| {TITLES[p['name']]} | {p['version']} | {e['bits']:.3f} | {e['rel_err_vs_exact']:.3f} | {how} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -433,7 +570,7 @@ def write_section(doc: Path, section: str) -> None:
         return
     nxt = text.find("\n## ", start + 1)
     rest = text[nxt:] if nxt >= 0 else ""
-    doc.write_text(text[:start + 1] + section + rest)
+    doc.write_text(text[: start + 1] + section + rest)
 
 
 def run_peers(args) -> int:
@@ -450,11 +587,21 @@ def run_peers(args) -> int:
     peers = load_peers(specs)
     p = torch.cuda.get_device_properties(0)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    result = {"date": stamp, "environment": {"device": p.name, "sms": p.multi_processor_count,
-                                             "torch": torch.__version__, "cuda": torch.version.cuda},
-              "project_version": git_version(REPO) or "unknown",
-              "peers": [{"name": x.name, "version": x.version, "path": str(x.path) if x.path else None,
-                         "error": x.error} for x in peers], "points": []}
+    result = {
+        "date": stamp,
+        "environment": {
+            "device": p.name,
+            "sms": p.multi_processor_count,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        },
+        "project_version": git_version(REPO) or "unknown",
+        "peers": [
+            {"name": x.name, "version": x.version, "path": str(x.path) if x.path else None, "error": x.error}
+            for x in peers
+        ],
+        "points": [],
+    }
     out = Path(args.out or f"results/bench/peers-{stamp}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     for shape in shapes.split(","):
@@ -465,9 +612,19 @@ def run_peers(args) -> int:
             except torch.cuda.OutOfMemoryError as e:
                 row = {"shape": shape, "batch": batch, "context": ctx, "error": f"OOM: {str(e)[:120]}"}
             result["points"].append(row)
-            print(json.dumps({k: (v if not isinstance(v, dict) else {a: b for a, b in v.items() if a in
-                                                                    ("us", "clean_us", "mode", "bits", "error")})
-                              for k, v in row.items()}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        k: (
+                            v
+                            if not isinstance(v, dict)
+                            else {a: b for a, b in v.items() if a in ("us", "clean_us", "mode", "bits", "error")}
+                        )
+                        for k, v in row.items()
+                    }
+                ),
+                flush=True,
+            )
             out.write_text(json.dumps(result, indent=1, default=str))
             torch.cuda.empty_cache()
     section = format_section(result)

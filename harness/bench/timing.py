@@ -1,6 +1,7 @@
 """How the bench times a GPU call, shared by the bench, its floors and the peers bench: medians of do_bench
 (L2 flushed by a zero fill, "dirty"), medians after a read-only flush ("clean"), CUDA-graph replays, the copy
 bandwidth; and the head shapes and points timed."""
+
 from __future__ import annotations
 
 SHAPES = {  # name: (query heads, KV heads, head_dim)
@@ -23,9 +24,9 @@ _FLUSH = {}
 def clean_l2_us(fn, reps: int = 100) -> float:
     """Median GPU time (us) of fn after an L2 flush that leaves only clean lines: a 256 MB buffer is read (summed),
     not written. do_bench's flush zero-fills its buffer, so up to the whole L2 (50 MB on an H100) is dirty when the
-    timed kernel starts and its reads first force those lines back to DRAM: a tax of about 10 us on SDPA cuDNN and
-    2-15 us on the OScaR kernel on an H100 (docs/PERFORMANCE.md), a larger share of a shorter kernel. In
-    a model's decode step the attention follows the weight GEMMs, which only read: the state a real step meets."""
+    timed kernel starts and its reads first force those lines back to DRAM: a tax on every kernel, a larger share of
+    a shorter one (docs/PERFORMANCE.md). In a model's decode step the attention follows the weight GEMMs, which only
+    read: the state a real step meets."""
     import torch
 
     buf = _FLUSH.get("read")

@@ -1,15 +1,15 @@
 """What every model adapter gives the harness.
 
-An adapter wraps one real transformers model and its real processor. It builds inputs, tags each
-input position with its modality, runs `generate` with a quantized KV cache on the text backbone
-only, and returns text plus the figures the results need.
+An adapter wraps one real transformers model and its real processor. It builds one prompt's inputs
+(`build_inputs(Prompt)`, tasks/contract.py), tags each input position with its modality (`tags`), names the module
+that generates (`generator`: the text backbone only) and turns new token ids into text (`decode`); the runner
+(harness/runner.py) generates and scores with them through a quantized KV cache.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Sequence
-
-import numpy as np
+from dataclasses import dataclass
+from typing import Any
 
 from quant.cache import MODALITIES
 
@@ -22,48 +22,23 @@ def cache_argument(cache) -> dict[str, Any]:
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     return {"cache": cache} if (major, minor) >= (5, 24) else {"past_key_values": cache}
 
+
 # Modality codes stored per KV position by the cache (quant.cache.QuantizedKVCache.set_modalities).
-__all__ = ["MODALITIES", "Prompt", "Generation", "ModelLoadError", "graph_steps", "token_digest"]
+__all__ = ["MODALITIES", "ModelSpec", "ModelLoadError", "cache_argument", "graph_steps", "token_digest"]
 TEXT, IMAGE, VIDEO, AUDIO = range(4)
-
-
-@dataclass
-class Prompt:
-    """One request. Images are PIL images; audios are mono float32 arrays at 16 kHz."""
-
-    text: str
-    images: Sequence[Any] = ()
-    audios: Sequence[np.ndarray] = ()
-    system: str | None = None
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A registered model: its short name, hub id, family (text | llava | qwen3_vl | qwen3_omni), adapter
-    ("module:Class"), default task and the prompts per generate an eval uses on a GPU unless told (`--batch-size`;
-    1 elsewhere) (harness/models/__init__.py holds the registry)."""
+    """A registered model: its short name, hub id, family (a folder harness/models/<family>/: its adapter, what it
+    reads, its traits), default task and the prompts per generate an eval uses on a GPU unless told
+    (`--batch-size`; 1 elsewhere) (harness/models/__init__.py holds the registry)."""
 
     name: str
     hub_id: str
     family: str
-    adapter: str
     default_task: str
     gpu_batch_size: int = 1
-
-
-@dataclass
-class Generation:
-    """What one `generate` call produced and cost."""
-
-    text: str
-    input_tokens: int
-    new_tokens: int
-    modality_tokens: dict[str, int] = field(default_factory=dict)  # input positions per modality
-    kv_bytes: dict[str, Any] = field(default_factory=dict)  # cache.nbytes() after generation
-    wall_s: float = 0.0
-    graph_steps: int = 0  # decode steps run as CUDA graphs (quant.kernels.graph_decode; 0: all eager)
-    cost: dict[str, Any] = field(default_factory=dict)  # harness.models.cost.generation_cost of this call
-    tokens_sha1: str = ""  # token_digest of the generated ids: equal answers compare equal even where text cannot
 
 
 def token_digest(ids) -> str:

@@ -1,4 +1,5 @@
-"""Several prompts in one `generate`: inputs built one by one and collated left-padded, then each answer split off.
+"""Several prompts in one `generate` (harness/runner.py): inputs built one by one and collated left-padded, then each
+answer split off.
 
 `collate` joins the processors' batch-1 outputs: the per-position tensors (input_ids, attention_mask, the token-type
 ids) are left-padded to the longest prompt, the media tensors (pixel values, image grids, audio features and their
@@ -6,13 +7,10 @@ masks) concatenated along their first dimension after zero-padding the others (L
 frames): the models read how much of each is real from image_sizes / image_grid_thw / feature_attention_mask.
 Building each prompt alone keeps every family's processor on the path it was tested on. The cache stores each
 sequence without its pads (quant.cache.QuantizedKVCache.set_padding), so a sequence's answer is its batch-1 answer.
-
-`Prefetched` holds a batch's answers for the eval loop: the tasks ask for one answer at a time
-(`adapter.generate(prompt, ...)`), in the order the batch was built, and get the batch's.
 """
+
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import torch
@@ -50,24 +48,5 @@ def row_tokens(new: torch.Tensor, eos: set[int]) -> list[torch.Tensor]:
     rows = []
     for r in new:
         ends = [i for i, t in enumerate(r.tolist()) if t in eos]
-        rows.append(r[:ends[0] + 1] if ends else r)
+        rows.append(r[: ends[0] + 1] if ends else r)
     return rows
-
-
-class Prefetched:
-    """Answers computed for a batch of prompts, handed out in order by `take` (None once empty or on a prompt other
-    than the next one's, which then runs alone)."""
-
-    def __init__(self, prompts: list[Any], generations: list[Any]):
-        self.queue = deque(zip(prompts, generations))
-
-    def take(self, prompt) -> Any | None:
-        if not self.queue:
-            return None
-        expected, generation = self.queue[0]
-        if (expected.text, expected.system, len(expected.images), len(expected.audios)) != (
-                prompt.text, prompt.system, len(prompt.images), len(prompt.audios)):
-            self.queue.clear()  # the order broke: no answer of this batch can be trusted to be this prompt's
-            return None
-        self.queue.popleft()
-        return generation

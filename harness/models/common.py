@@ -1,23 +1,22 @@
 """Code every multimodal adapter shares: offline weight lookup, processor assembly without a video
-stack, modality tagging from input ids, and the generate wrapper around a quantized KV cache.
+stack, modality tagging from input ids. The runner (harness/runner.py) generates with what an adapter builds.
 
 A family adapter (llava.py, qwen3_vl.py, qwen3_omni.py) subclasses `MultimodalAdapter` and supplies
 the model class, how a `Prompt` becomes processor inputs, which token ids mark which modality, and
 (for Qwen3-Omni) which sub-model generates.
 """
+
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from harness.models.base import (MODALITIES, TEXT, Generation, ModelLoadError, Prompt, cache_argument, graph_steps,
-                                 token_digest)
-from quant.kernels.options import KernelOptions
+from harness.models.base import MODALITIES, TEXT, ModelLoadError
+from tasks.contract import Prompt
 
 AUDIO_SAMPLE_RATE = 16_000
 
@@ -55,8 +54,10 @@ WEIGHTS = ("real", "random")
 
 def check_weights(weights: str) -> None:
     if weights not in WEIGHTS:
-        raise ValueError(f"weights {weights!r}: choose 'real' (the checkpoint's files) or 'random' (the published "
-                         f"architecture with seeded random weights, for speed and memory only)")
+        raise ValueError(
+            f"weights {weights!r}: choose 'real' (the checkpoint's files) or 'random' (the published "
+            f"architecture with seeded random weights, for speed and memory only)"
+        )
 
 
 def load_kwargs(dtype: Any = None, device_map: Any = None) -> dict[str, Any]:
@@ -69,11 +70,17 @@ def load_kwargs(dtype: Any = None, device_map: Any = None) -> dict[str, Any]:
 
 
 def parse_dtype(dtype: Any):
-    """"bf16"/"bfloat16"/"fp16"/"float32"/"auto" or a torch.dtype -> what from_pretrained accepts."""
+    """ "bf16"/"bfloat16"/"fp16"/"float32"/"auto" or a torch.dtype -> what from_pretrained accepts."""
     if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
-    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-             "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+    names = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+    }
     if dtype not in names:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)} or 'auto'")
     return names[dtype]
@@ -181,7 +188,6 @@ class MultimodalAdapter:
     processor_class: Any = None
     processor_parts: dict[str, Any] = {}
     load_options: dict[str, Any] = {}  # extra from_pretrained keywords (config overrides)
-    kernels = KernelOptions()  # the run's kernel options (harness.models.load sets them), passed to every cache
 
     def __init__(self, spec, model, processor, device=None):
         self.spec = spec
@@ -189,15 +195,13 @@ class MultimodalAdapter:
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.weights = "real"  # "random": a shape-real model with seeded random weights (harness/models/shaped.py)
-        self.costs: list[dict[str, Any]] = []  # one cost record per generate call (harness/models/cost.py)
-        self._graphs = None  # the last generate's GraphDecoder, if its decode steps ran as CUDA graphs
+        self.weights = "real"  # "random": a shape-real model with seeded random weights (harness/models/synthetic.py)
 
     @classmethod
     def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None, weights="real", seed=0):
         """Weights from `model_path` / MODEL_PATH / a warm HF cache (see resolve_weights). weights="random" (the
         published architecture with seeded random weights) is built by harness.models.load
-        (harness/models/shaped.py)."""
+        (harness/models/synthetic.py)."""
         check_weights(weights)
         path = resolve_weights(spec.hub_id, model_path)
         try:
@@ -239,104 +243,22 @@ class MultimodalAdapter:
     def tags(self, inputs) -> torch.Tensor:
         return modality_tags(inputs["input_ids"], self.token_modality())
 
-    def make_cache(self, method, inputs):
-        """A quantized cache for `method` with every prompt position's modality and the batch's padding set (None =
-        the model's default DynamicCache, used as the reference)."""
-        import quant
+    def count_modalities(self, inputs) -> dict[str, int]:
+        """Prompt positions per modality of one prompt's inputs."""
+        return count_modalities(self.tags(inputs))
 
-        if method is None:
-            # the model's own weights (an OScaR cache may have folded them)
-            quant.fold.set_folded(self.generator, False)
-            return None
-        cache = quant.make_cache(method, self.generator, config=self.text_config, tokenizer=self.tokenizer,
-                                 kernels=self.kernels)
-        cache.set_modalities(self.tags(inputs).to(self.device))
-        if "attention_mask" in inputs:
-            cache.set_padding(inputs["attention_mask"])
-        return cache
+    def decode(self, tokens) -> str:
+        """The answer's text: new token ids without special tokens, stripped."""
+        return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
 
-    def generate_ids(self, inputs, cache, max_new_tokens: int, **kwargs) -> torch.Tensor:
-        """Greedy generation; returns only the new token ids, LongTensor [B, new]. On OScaR's kernel path the
-        decode steps replay CUDA graphs (quant.kernels.graph_decode)."""
-        from quant.kernels.graph_decode import decode_graphs
+    @property
+    def pad_token_id(self) -> int:
+        """What a left-padded batch pads with: the tokenizer's pad token, else its end token."""
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
-        with torch.inference_mode(), decode_graphs(self.generator, cache) as graphs:
-            self._graphs = graphs  # None when the steps run eagerly
-            out = self.generator.generate(**inputs, **cache_argument(cache), max_new_tokens=max_new_tokens,
-                                          do_sample=False, **kwargs)
-        return out[:, inputs["input_ids"].shape[1]:]
-
-    def prefetch(self, prompts: list[Prompt], method, max_new_tokens: int = 128) -> None:
-        """Answer `prompts` in one batched generate; the next `generate` calls, one per prompt in this order, get
-        these answers (harness/models/batching.py)."""
-        from harness.models.batching import Prefetched
-
-        self._prefetched = Prefetched(prompts, self.generate_batch(prompts, method, max_new_tokens))
-
-    def generate_batch(self, prompts: list[Prompt], method, max_new_tokens: int = 128) -> list[Generation]:
-        """Answer `prompts` in one greedy generate, left-padded: each prompt's tokens are its batch-1 tokens (the
-        cache stores each sequence alone, quant/rows.py). Each answer carries the batch's cost with its own new
-        tokens and KV bytes, and `batch` = the batch size."""
-        from harness.models.batching import collate, row_tokens
-        from harness.models.cost import generation_cost, measure
-
-        start = time.perf_counter()
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        features = [self.build_inputs(p) for p in prompts]
-        inputs = collate(features, pad).to(device=self.device, dtype=self.model.dtype)
-        cache = self.make_cache(method, inputs)
-        self._graphs = None
-        with measure(self.device, cache, lambda: self._graphs) as (clock, figures):
-            new = self.generate_ids(inputs, cache, max_new_tokens, streamer=clock, pad_token_id=pad)
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """The generator's end tokens (a row's answer ends at the first)."""
         eos = self.generator.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-        wall = time.perf_counter() - start
-        out = []
-        for b, (feature, tokens) in enumerate(zip(features, row_tokens(new, eos))):
-            kv_bytes = cache.row(b).nbytes() if cache is not None else {}
-            cost = {**generation_cost(figures, len(tokens), kv_bytes), "batch": len(prompts)}
-            cost["kernel_steps"] = min(cost.get("kernel_steps") or 0, cost["decode_steps"])  # a row that ended early
-            out.append(Generation(
-                text=self.tokenizer.decode(tokens, skip_special_tokens=True).strip(),
-                input_tokens=int(feature["input_ids"].shape[1]),
-                new_tokens=len(tokens),
-                modality_tokens=count_modalities(self.tags(feature)),
-                kv_bytes=kv_bytes,
-                wall_s=wall,
-                graph_steps=graph_steps(cache),
-                cost=cost,
-                tokens_sha1=token_digest(tokens),
-            ))
-        return out
-
-    def generate(self, prompt: Prompt, method, max_new_tokens: int = 128) -> Generation:
-        """Answer one prompt with `method`'s quantized cache on the text backbone (None: default cache).
-        Its cost (prefill/decode time, kernel-path steps, peak GPU memory) is appended to `self.costs`. A prompt
-        the eval loop batched ahead (`prefetch`) gets its batch's answer."""
-        from harness.models.cost import generation_cost, measure
-
-        ready = self._prefetched.take(prompt) if getattr(self, "_prefetched", None) is not None else None
-        if ready is not None:
-            self.costs.append(ready.cost)
-            return ready
-        start = time.perf_counter()
-        inputs = self.build_inputs(prompt).to(device=self.device, dtype=self.model.dtype)
-        cache = self.make_cache(method, inputs)
-        self._graphs = None
-        with measure(self.device, cache, lambda: self._graphs) as (clock, figures):
-            new = self.generate_ids(inputs, cache, max_new_tokens, streamer=clock)
-        text = self.tokenizer.decode(new[0], skip_special_tokens=True)
-        kv_bytes = cache.nbytes() if cache is not None else {}
-        cost = generation_cost(figures, new.shape[1], kv_bytes)
-        self.costs.append(cost)
-        return Generation(
-            text=text.strip(),
-            input_tokens=int(inputs["input_ids"].shape[1]),
-            new_tokens=int(new.shape[1]),
-            modality_tokens=count_modalities(self.tags(inputs)),
-            kv_bytes=kv_bytes,
-            wall_s=time.perf_counter() - start,
-            graph_steps=graph_steps(cache),
-            cost=cost,
-            tokens_sha1=token_digest(new[0]),
-        )
+        return set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])

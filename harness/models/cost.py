@@ -10,9 +10,9 @@ The copy is one token per step; `generate` already syncs once per step for its s
 the attention a packed state (quant.methods.oscar.OScaRLayer returns one only on that path) plus the steps
 replayed as CUDA graphs (they run the same kernels without re-entering Python; quant.kernels.graph_decode).
 
-`measure` wraps one generate call; adapters append its figures to `adapter.costs`, and the eval loop collects one
-item's worth with `take_item_cost` (harness/run.py).
+`measure` wraps one generate call; the runner (harness/runner.py) gives each request of the call its cost record.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -112,28 +112,20 @@ def measure(device, cache, graphs=None):
     # replayed steps run the kernels of the step they captured: count them where that step was on the kernels
     kernel_cache = getattr(getattr(cache, "method", None), "kernel_decode", False)
     replayed = decoder.counts["replayed"] if decoder is not None and kernel_cache else 0
-    figures.update(prefill_s=prefill, decode_s=decode, kernel_steps=kernel.count + replayed,
-                   peak_cuda_bytes=int(torch.cuda.max_memory_allocated(device)) if cuda else None)
+    figures.update(
+        prefill_s=prefill,
+        decode_s=decode,
+        kernel_steps=kernel.count + replayed,
+        peak_cuda_bytes=int(torch.cuda.max_memory_allocated(device)) if cuda else None,
+    )
 
 
 def generation_cost(figures: dict[str, Any], new_tokens: int, kv_bytes: dict[str, Any]) -> dict[str, Any]:
     """One generate call's cost record: figures of `measure` plus new tokens, decode steps and KV bytes."""
-    return {**figures, "new_tokens": int(new_tokens), "decode_steps": max(int(new_tokens) - 1, 0),
-            "kv_bytes": int(kv_bytes.get("total") or 0) if kv_bytes else 0, "calls": 1}
-
-
-def take_item_cost(adapter) -> dict[str, Any] | None:
-    """The summed cost of the generate calls `adapter` made since the last take (None: it made none or does not
-    record costs), and forget them. Times, tokens and steps add up; peak memory and KV bytes take the largest."""
-    costs = getattr(adapter, "costs", None)
-    if not costs:
-        return None
-    adapter.costs = []
-    total: dict[str, Any] = {}
-    for cost in costs:
-        for key, value in cost.items():
-            if key in ("peak_cuda_bytes", "kv_bytes"):
-                total[key] = value if total.get(key) is None else max(total[key], value or 0)
-            else:
-                total[key] = total.get(key, 0) + value
-    return total
+    return {
+        **figures,
+        "new_tokens": int(new_tokens),
+        "decode_steps": max(int(new_tokens) - 1, 0),
+        "kv_bytes": int(kv_bytes.get("total") or 0) if kv_bytes else 0,
+        "calls": 1,
+    }

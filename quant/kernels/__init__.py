@@ -4,10 +4,11 @@ Backends (same numbers up to rounding, chosen at run time):
 - "cuda":   csrc/ through torch.utils.cpp_extension (quant.kernels.cuda), needs a CUDA GPU (sm_80+) and nvcc;
 - "triton": quant.kernels.triton_decode / triton_pack, any GPU Triton supports, or the CPU under
             TRITON_INTERPRET=1 (what CI runs, small shapes only);
-- "torch":  the reference (quant.attention.packed_attention_reference, quant.methods.oscar.pack_block).
+- "torch":  the reference (quant.attention.packed_attention_reference, quant.packed.pack_reference).
 `default_backend(device)` picks "cuda" on a CUDA device when nvcc is there, else "triton" on CUDA, else
 "torch"; a run chooses another through its `quant.kernels.options.KernelOptions` (backend=...).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -39,10 +40,19 @@ def decode_attention(query, kv, scaling: float, backend: str | None = None, **op
 
         kv_lens, res_lens = options.get("kv_lens"), options.get("res_lens")
         if query.shape[0] > 1 and (_differ(kv_lens) or _differ(res_lens)):  # sequences of different lengths: one by one
-            return torch.cat([decode_attention(query[b:b + 1], row_of(kv, b), scaling, "torch",
-                                               kv_lens=None if kv_lens is None else kv_lens[b:b + 1],
-                                               res_lens=None if res_lens is None else res_lens[b:b + 1])
-                              for b in range(query.shape[0])])
+            return torch.cat(
+                [
+                    decode_attention(
+                        query[b : b + 1],
+                        row_of(kv, b),
+                        scaling,
+                        "torch",
+                        kv_lens=None if kv_lens is None else kv_lens[b : b + 1],
+                        res_lens=None if res_lens is None else res_lens[b : b + 1],
+                    )
+                    for b in range(query.shape[0])
+                ]
+            )
         return packed_attention_reference(query, valid_part(kv, kv_lens, res_lens), scaling)
     if backend == "cuda":
         options["wide"] = wide
@@ -57,10 +67,15 @@ def row_of(kv, b: int):
     """Sequence b of a PackedKV, as a batch of one (views)."""
     from dataclasses import replace
 
-    one = lambda t: t[b:b + 1]  # noqa: E731
-    return replace(kv, k=None if kv.k is None else kv.k.map(one), v=None if kv.v is None else kv.v.map(one),
-                   norms=None if kv.norms is None else kv.norms[b:b + 1], k_res=kv.k_res[b:b + 1],
-                   v_res=kv.v_res[b:b + 1])
+    one = lambda t: t[b : b + 1]  # noqa: E731
+    return replace(
+        kv,
+        k=None if kv.k is None else kv.k.map(one),
+        v=None if kv.v is None else kv.v.map(one),
+        norms=None if kv.norms is None else kv.norms[b : b + 1],
+        k_res=kv.k_res[b : b + 1],
+        v_res=kv.v_res[b : b + 1],
+    )
 
 
 def valid_part(kv, kv_lens=None, res_lens=None):
@@ -74,23 +89,31 @@ def valid_part(kv, kv_lens=None, res_lens=None):
             return None
         values = torch.as_tensor(lens).reshape(-1).tolist()
         if len(set(values)) > 1:
-            raise ValueError(f"the torch reference attention takes one {what} for the whole batch, got {values}: "
-                             "use a kernel backend (cuda, triton) for sequences of different lengths")
+            raise ValueError(
+                f"the torch reference attention takes one {what} for the whole batch, got {values}: "
+                "use a kernel backend (cuda, triton) for sequences of different lengths"
+            )
         return values[0] if values else None
 
     t, r = one(kv_lens, "kv_lens"), one(res_lens, "res_lens")
     if t is not None and kv.k is not None and t < kv.k.num_tokens:
         if t % kv.k.group:
-            raise ValueError(f"the torch reference cuts the packed tokens at whole {kv.k.group}-token groups, got "
-                             f"kv_lens {t}: use a kernel backend (cuda, triton), which masks inside a group")
+            raise ValueError(
+                f"the torch reference cuts the packed tokens at whole {kv.k.group}-token groups, got "
+                f"kv_lens {t}: use a kernel backend (cuda, triton), which masks inside a group"
+            )
         if kv.k.order != "natural":  # a kernel's order permutes inside blocks: cut in the natural one
             kv = replace(kv, k=kv.k.to_order("natural"), v=kv.v.to_order("natural"))
         if t == 0:
             kv = replace(kv, k=None, v=None, norms=None)
         else:
             kq, g = kv.k, kv.k.group
-            k = replace(kq, codes=kq.codes[:, :, :t * kq.bits // 32], scale=kq.scale[:, :, :t // g],
-                        zero=kq.zero[:, :, :t // g])
+            k = replace(
+                kq,
+                codes=kq.codes[:, :, : t * kq.bits // 32],
+                scale=kq.scale[:, :, : t // g],
+                zero=kq.zero[:, :, : t // g],
+            )
             v = kv.v.map(lambda x: x[:, :, :t])
             kv = replace(kv, k=k, v=v, norms=kv.norms[:, :t] if kv.norms is not None else None)
     if r is not None and r < kv.k_res.shape[-2]:
@@ -98,39 +121,52 @@ def valid_part(kv, kv_lens=None, res_lens=None):
     return kv
 
 
-def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, backend: str | None = None,
-            rotate_values: bool | None = None, zero_point: str = "float"):
+def pack_kv(
+    k,
+    v,
+    rotate: bool = True,
+    token_norm: bool = True,
+    backend: str | None = None,
+    rotate_values: bool | None = None,
+    zero_point: str = "float",
+):
     """OScaR pack of a block K, V [B, H, T, D] (T % 32 == 0) on a kernel backend: (k_q, v_q, norms), the layout of
-    the reference quant.methods.oscar.pack_block.
+    the reference quant.packed.pack_reference.
     rotate_values (default: rotate) = False packs V as it comes: the model's weights carry its rotation
     (quant/fold.py). zero_point: "float" (the minimum) or "integer" (quant.primitives.asym_quantize)."""
     backend = backend or default_backend(k.device)
     rotate_values = rotate if rotate_values is None else rotate_values
-    if backend == "torch":  # the reference packer lives with the method: this package never imports quant.methods
-        raise ValueError("pack_kv packs with a kernel backend (cuda, triton); the torch reference pack is "
-                         "quant.methods.oscar.pack_block")
+    if backend == "torch":  # the reference packer is quant.packed's: this package never imports quant.methods
+        raise ValueError(
+            "pack_kv packs with a kernel backend (cuda, triton); the torch reference pack is "
+            "quant.packed.pack_reference (quant.methods.oscar.pack_block picks between them)"
+        )
     if zero_point not in ("float", "integer"):
         raise ValueError(f"zero_point must be 'float' or 'integer', got {zero_point!r}")
     return _module(backend, "pack").pack_kv(k, v, rotate, token_norm, rotate_values, zero_point)
 
 
-def patch_model(model, options: KernelOptions | None = None) -> dict[str, int]:
+def patch_model(model, options: KernelOptions | None, traits):
     """Route a GPU model's RMSNorms, RoPE and decode-sized linear layers through the project's kernels, as `options`
-    asks (fused_norm, fused_rope, fused_linear; layer_kernels: CUDA or Triton launches for norms and RoPE). A model
-    without CUDA weights, or a machine without triton, is left alone. Returns the count patched of each kind."""
+    asks (fused_norm, fused_rope, fused_linear; layer_kernels: CUDA or Triton launches for norms and RoPE), for the
+    classes the model family's `traits` (quant.traits.ModelTraits) lists. A model without CUDA weights, or a machine
+    without triton, is left alone. Returns the quant.kernels.patches.Patches: `counts` (patched of each kind) and
+    `undo()`, which restores the model's modules exactly. quant.prepare_model calls it; PreparedModel.undo undoes it."""
+    from quant.kernels.patches import Patches
+
     options = options or KernelOptions()
+    patches = Patches()
     if not any(p.is_cuda for p in model.parameters()):
-        return {}  # a CPU model would only ever take the fallback: leave it (and triton's import) alone
+        return patches  # a CPU model would only ever take the fallback: leave it (and triton's import) alone
     try:
         from quant.kernels import fused_linear, triton_norm, triton_rope
     except ImportError:  # no triton (the optional `kernels` extra)
-        return {}
+        return patches
     cuda_launch = options.layer_kernels == "cuda"
-    done = {}
     if options.fused_rope:
-        done["rope"] = len(triton_rope.fuse_rotary(model, cuda_launch))
+        triton_rope.fuse_rotary(model, traits, cuda_launch, patches)
     if options.fused_linear:
-        done.update(fused_linear.fuse_linears(model))
+        fused_linear.fuse_linears(model, traits, patches)
     if options.fused_norm:
-        done["norm"] = triton_norm.fuse_rms_norms(model, cuda_launch)
-    return done
+        triton_norm.fuse_rms_norms(model, traits, cuda_launch, patches)
+    return patches

@@ -11,6 +11,7 @@ finds it:
 A spec is HEAD_DIM:MIN_BLOCKS[:WARPS] (warps 4 unless given; `cuda.NARROW` is 3:4, `cuda.WIDE` 1:8). Exits 1 if a
 build fails, after the last lines of its log.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,10 +35,17 @@ def parse_spec(spec: str) -> tuple[int, int, int]:
         values = [int(p) for p in parts]
     except ValueError:
         values = []
-    if len(values) not in (2, 3) or values[0] not in (64, 128) or values[1] < 1 or values[-1] < 1 or (
-            len(values) == 3 and values[2] not in (4, 8)):
-        raise ValueError(f"bad build spec {spec!r}: HEAD_DIM:MIN_BLOCKS[:WARPS] with head dim 64 or 128, min_blocks "
-                         ">= 1 and warps 4 or 8 (e.g. 128:3 or 128:1:8)")
+    if (
+        len(values) not in (2, 3)
+        or values[0] not in (64, 128)
+        or values[1] < 1
+        or values[-1] < 1
+        or (len(values) == 3 and values[2] not in (4, 8))
+    ):
+        raise ValueError(
+            f"bad build spec {spec!r}: HEAD_DIM:MIN_BLOCKS[:WARPS] with head dim 64 or 128, min_blocks "
+            ">= 1 and warps 4 or 8 (e.g. 128:3 or 128:1:8)"
+        )
     return values[0], values[1], values[2] if len(values) == 3 else 4
 
 
@@ -69,16 +77,25 @@ def build_notice(specs: list[str], arch: str) -> str | None:
     todo = [s for s in specs if not cuda.is_built(build_name(s, arch))]
     if not todo:
         return None
-    return (f"building {', '.join(todo)} for sm_{arch} with nvcc, in parallel: about a minute or two, once; later "
-            f"runs reuse them from {cuda.cache_dir()}")
+    return (
+        f"building {', '.join(todo)} for sm_{arch} with nvcc, in parallel: about a minute or two, once; later "
+        f"runs reuse them from {cuda.cache_dir()}"
+    )
 
 
 def build_all(specs: list[str], layers: bool = True, timeout: float = 600) -> int:
     """Run one `--one SPEC` process per build at once; print each one's name and seconds. Returns how many failed."""
     jobs = [*specs, *(["layers"] if layers else [])]
     t0 = time.time()
-    procs = {spec: subprocess.Popen([sys.executable, "-m", "quant.kernels.build", "--one", spec],
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for spec in jobs}
+    procs = {
+        spec: subprocess.Popen(
+            [sys.executable, "-m", "quant.kernels.build", "--one", spec],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for spec in jobs
+    }
     failed = 0
     for spec, proc in procs.items():
         try:
@@ -118,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("error: no CUDA GPU here: the extensions are built for the GPU they run on (cuda.target_arch). Without "
-              "one, `pytest tests/kernels/test_csrc.py` compiles the sources for sm_90a with nvcc.", file=sys.stderr)
+        print(
+            "error: no CUDA GPU here: the extensions are built for the GPU they run on (cuda.target_arch). Without "
+            "one, `pytest tests/kernels/test_csrc.py` compiles the sources for sm_90a with nvcc.",
+            file=sys.stderr,
+        )
         return 1
     from quant.kernels import cuda
 

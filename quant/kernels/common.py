@@ -4,6 +4,7 @@
 kernels read; `choose_split` picks the split-KV size. Kernels never see a tensor this file has not
 checked, so a bad shape fails here with a message instead of reading out of bounds on the device.
 """
+
 from __future__ import annotations
 
 import math
@@ -81,21 +82,29 @@ def _lens(lens, default: int, batch: int, limit: int, what: str, device) -> torc
 def _check_packed(kv: PackedKV, b: int, hkv: int, d: int) -> None:
     k, v = kv.k, kv.v
     if k.bits != 2 or v.bits != 2 or k.group != TOKEN_GROUP or v.group != TOKEN_GROUP:
-        raise ValueError(f"the kernels read INT2 with groups of {TOKEN_GROUP}; got keys {k.bits} bits group "
-                         f"{k.group}, values {v.bits} bits group {v.group}: use backend='torch' for this config")
+        raise ValueError(
+            f"the kernels read INT2 with groups of {TOKEN_GROUP}; got keys {k.bits} bits group "
+            f"{k.group}, values {v.bits} bits group {v.group}: use backend='torch' for this config"
+        )
     if k.axis != -2 or v.axis != -1:
-        raise ValueError(f"keys must be grouped along tokens (axis -2) and values along channels (axis -1), got "
-                         f"{k.axis}, {v.axis}")
+        raise ValueError(
+            f"keys must be grouped along tokens (axis -2) and values along channels (axis -1), got {k.axis}, {v.axis}"
+        )
     t = k.num_tokens
-    expect = {"key codes": (k.codes, (b, hkv, t // 16, d)), "value codes": (v.codes, (b, hkv, t, d // 16)),
-              "key scale": (k.scale, (b, hkv, t // 32, d)), "value scale": (v.scale, (b, hkv, t, d // 32))}
+    expect = {
+        "key codes": (k.codes, (b, hkv, t // 16, d)),
+        "value codes": (v.codes, (b, hkv, t, d // 16)),
+        "key scale": (k.scale, (b, hkv, t // 32, d)),
+        "value scale": (v.scale, (b, hkv, t, d // 32)),
+    }
     for name, (x, shape) in expect.items():
         if tuple(x.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {shape} for the PackedKV layout")
 
 
-def prepare_decode(query: torch.Tensor, kv: PackedKV, kv_lens=None, res_lens=None,
-                   rotate_query: bool = True, order: str = "natural") -> DecodeInputs:
+def prepare_decode(
+    query: torch.Tensor, kv: PackedKV, kv_lens=None, res_lens=None, rotate_query: bool = True, order: str = "natural"
+) -> DecodeInputs:
     """Check and flatten one layer's decode inputs (see DecodeInputs). query [B, Hq, Lq, D].
     rotate_query=False leaves qr empty (a kernel that rotates the query itself). order: the code order the
     kernel reads (quant/packed.py); codes stored in the other order are converted (a slow fallback)."""
@@ -108,17 +117,27 @@ def prepare_decode(query: torch.Tensor, kv: PackedKV, kv_lens=None, res_lens=Non
     if hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
     if tuple(kv.k_res.shape) != (b, hkv, tr, d) or kv.v_res.shape != kv.k_res.shape:
-        raise ValueError(f"residual K/V must be [B={b}, Hkv, Tr, D={d}], got {tuple(kv.k_res.shape)} and "
-                         f"{tuple(kv.v_res.shape)}")
+        raise ValueError(
+            f"residual K/V must be [B={b}, Hkv, Tr, D={d}], got {tuple(kv.k_res.shape)} and {tuple(kv.v_res.shape)}"
+        )
     # The kernels mask causally inside the window only, so of the Lq new tokens only the first may be packed (it sees
     # every packed token, itself the last); where a flush packed more of them, the torch path masks packed tokens too.
     # Host lengths are checked; device lengths are trusted (reading them back would stall every decode step).
-    short = [] if lq == 1 else [tr] if res_lens is None else [] if isinstance(res_lens, torch.Tensor) and \
-        res_lens.is_cuda else [int(r) for r in torch.as_tensor(res_lens).reshape(-1)]
+    short = (
+        []
+        if lq == 1
+        else [tr]
+        if res_lens is None
+        else []
+        if isinstance(res_lens, torch.Tensor) and res_lens.is_cuda
+        else [int(r) for r in torch.as_tensor(res_lens).reshape(-1)]
+    )
     if any(r < lq - 1 for r in short):
-        raise ValueError(f"{lq} query tokens but only {min(short)} in the full-precision window (a flush just packed "
-                         f"{lq - min(short)} of them; the kernels need >= {lq - 1} there): use backend='torch' for "
-                         "this step")
+        raise ValueError(
+            f"{lq} query tokens but only {min(short)} in the full-precision window (a flush just packed "
+            f"{lq - min(short)} of them; the kernels need >= {lq - 1} there): use backend='torch' for "
+            "this step"
+        )
     dev = query.device
     if kv.k is None:
         t = 0
@@ -142,9 +161,29 @@ def prepare_decode(query: torch.Tensor, kv: PackedKV, kv_lens=None, res_lens=Non
     if k_res.dtype != q.dtype:
         k_res, v_res = k_res.to(q.dtype), v_res.to(q.dtype)
     qr = (query.float() @ hd).to(torch.float16).contiguous() if rotate_query else query.new_empty(0)
-    return DecodeInputs(q.contiguous(), qr, kc, ks, kz, vc, vs, vz, norms, k_res, v_res,
-                        _lens(kv_lens, t, b, t, "kv_lens", dev), _lens(res_lens, tr, b, tr, "res_lens", dev),
-                        hd, b, hkv, hq // hkv, lq, d, t, tr)
+    return DecodeInputs(
+        q.contiguous(),
+        qr,
+        kc,
+        ks,
+        kz,
+        vc,
+        vs,
+        vz,
+        norms,
+        k_res,
+        v_res,
+        _lens(kv_lens, t, b, t, "kv_lens", dev),
+        _lens(res_lens, tr, b, tr, "res_lens", dev),
+        hd,
+        b,
+        hkv,
+        hq // hkv,
+        lq,
+        d,
+        t,
+        tr,
+    )
 
 
 def num_sms(device: torch.device) -> int:

@@ -10,6 +10,7 @@ hash of the sources and flags, in a cache directory (OSCAR_KERNEL_CACHE, else
 $XDG_CACHE_HOME/oscar-eval/kernels, else ~/.cache/oscar-eval/kernels): the first call builds (about a
 minute, said on stderr first), later calls and later processes reuse the build.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,6 +26,7 @@ import torch
 from quant.kernels.common import choose_split, num_sms, prepare_decode
 from quant.packed import PackedKV, QTensor
 
+
 def _csrc() -> Path:
     """The CUDA sources: the package's quant.csrc (the top-level csrc/ mapped into it by pyproject.toml, in a wheel
     and in an editable install); for a checkout used without installing (PYTHONPATH=.), csrc/ beside quant/."""
@@ -35,9 +37,17 @@ def _csrc() -> Path:
 
 
 CSRC = _csrc()
-SOURCES = ("oscar_bindings.cu", "include/oscar_common.cuh", "include/oscar_layout.cuh", "include/oscar_decode.cuh",
-           "include/oscar_decode_impl.cuh", "include/oscar_combine.cuh", "include/oscar_pack.cuh",
-           "include/oscar_floor.cuh", "include/oscar_msg.h")
+SOURCES = (
+    "oscar_bindings.cu",
+    "include/oscar_common.cuh",
+    "include/oscar_layout.cuh",
+    "include/oscar_decode.cuh",
+    "include/oscar_decode_impl.cuh",
+    "include/oscar_combine.cuh",
+    "include/oscar_pack.cuh",
+    "include/oscar_floor.cuh",
+    "include/oscar_msg.h",
+)
 
 
 def cache_dir() -> Path:
@@ -55,8 +65,10 @@ def is_built(name: str) -> bool:
 
 
 def build_notice(what: str, name: str) -> str:
-    return (f"quant.kernels: building {what} ({name}) with nvcc: about a minute, once; later runs reuse it from "
-            f"{cache_dir()}")
+    return (
+        f"quant.kernels: building {what} ({name}) with nvcc: about a minute, once; later runs reuse it from "
+        f"{cache_dir()}"
+    )
 
 
 def announce_build(what: str, name: str) -> None:
@@ -78,7 +90,7 @@ def target_arch(device: torch.device | None = None) -> str:
 
 # Rows of one CTA (one split, the window folded, V's rotation in the weights) of at most this many packed tokens run
 # csrc's decode_row_kernel: the window after the groups in the same state, the output written without a merge
-# (oscar_combine.cuh; longer rows lose more in its group loop than they save, measured on an H100).
+# (oscar_combine.cuh); longer rows lose more in its group loop than they save (docs/PERFORMANCE.md, The split plan).
 ROW_KERNEL_TOKENS = 24576
 
 
@@ -86,9 +98,17 @@ def build_flags(head_dim: int, arch: str, min_blocks: int, warps: int = 4) -> li
     """nvcc flags of one specialization; OSCAR_KERNEL_FLAGS (e.g. "-DOSCAR_STAGES=5") adds flags for experiments
     (they enter the build's name, so each experiment gets its own build)."""
     extra = os.environ.get("OSCAR_KERNEL_FLAGS", "").split()
-    return ["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-DOSCAR_HEAD_DIM={head_dim}",
-            f"-DOSCAR_MIN_BLOCKS={min_blocks}", f"-DOSCAR_ROW_KERNEL_TOKENS={ROW_KERNEL_TOKENS}", "-lineinfo",
-            *([f"-DOSCAR_WARPS={warps}"] if warps != 4 else []), *extra]
+    return [
+        "-O3",
+        "-std=c++17",
+        f"-gencode=arch=compute_{arch},code=sm_{arch}",
+        f"-DOSCAR_HEAD_DIM={head_dim}",
+        f"-DOSCAR_MIN_BLOCKS={min_blocks}",
+        f"-DOSCAR_ROW_KERNEL_TOKENS={ROW_KERNEL_TOKENS}",
+        "-lineinfo",
+        *([f"-DOSCAR_WARPS={warps}"] if warps != 4 else []),
+        *extra,
+    ]
 
 
 def row_kernel(tokens: int, splits: int, window_cta: bool, rotate_out: bool) -> bool:
@@ -118,13 +138,24 @@ def load(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: b
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
     announce_build(f"the CUDA decode and pack kernels for head dim {head_dim}", name)
-    return cpp_load(name=name, sources=[str(CSRC / "oscar_bindings.cu")], extra_cuda_cflags=build_flags(
-        head_dim, arch, min_blocks, warps), extra_include_paths=[str(CSRC)], build_directory=str(build),
-        verbose=verbose)
+    return cpp_load(
+        name=name,
+        sources=[str(CSRC / "oscar_bindings.cu")],
+        extra_cuda_cflags=build_flags(head_dim, arch, min_blocks, warps),
+        extra_include_paths=[str(CSRC)],
+        build_directory=str(build),
+        verbose=verbose,
+    )
 
 
-LAYER_SOURCES = ("layer_bindings.cu", "include/oscar_type16.cuh", "include/oscar_gemv.cuh", "include/oscar_rmsnorm.cuh",
-                 "include/oscar_rope.cuh", "include/oscar_msg.h")
+LAYER_SOURCES = (
+    "layer_bindings.cu",
+    "include/oscar_type16.cuh",
+    "include/oscar_gemv.cuh",
+    "include/oscar_rmsnorm.cuh",
+    "include/oscar_rope.cuh",
+    "include/oscar_msg.h",
+)
 
 
 def layer_flags(arch: str) -> list[str]:
@@ -151,8 +182,14 @@ def load_layers(arch: str | None = None, verbose: bool = False):
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
     announce_build("the CUDA layer kernels (GEMV, RMSNorm, RoPE)", name)
-    return cpp_load(name=name, sources=[str(CSRC / "layer_bindings.cu")], extra_cuda_cflags=layer_flags(arch),
-                    extra_include_paths=[str(CSRC)], build_directory=str(build), verbose=verbose)
+    return cpp_load(
+        name=name,
+        sources=[str(CSRC / "layer_bindings.cu")],
+        extra_cuda_cflags=layer_flags(arch),
+        extra_include_paths=[str(CSRC)],
+        build_directory=str(build),
+        verbose=verbose,
+    )
 
 
 _LAYERS_FAILED: list[str] = []
@@ -168,9 +205,12 @@ def layers_ready() -> bool:
         return True
     except Exception as e:  # noqa: BLE001 - any build or import error means: use the fallbacks
         _LAYERS_FAILED.append(f"{type(e).__name__}: {e}")
-        warnings.warn(f"quant.kernels.cuda: the decode-time layer extension did not build ({_LAYERS_FAILED[0][:300]}); "
-                      "linear layers stay on torch, RMSNorm and RoPE on Triton (kernel options fused_linear=off and "
-                      "layer_kernels=triton silence this)", stacklevel=3)
+        warnings.warn(
+            f"quant.kernels.cuda: the decode-time layer extension did not build ({_LAYERS_FAILED[0][:300]}); "
+            "linear layers stay on torch, RMSNorm and RoPE on Triton (kernel options fused_linear=off and "
+            "layer_kernels=triton silence this)",
+            stacklevel=3,
+        )
         return False
 
 
@@ -198,8 +238,16 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """x [..., N] as the [rows, N] view the CUDA RMSNorm takes, or None when it does not take these inputs (one
     fp16/bf16 dtype, N % 8 == 0 up to NORM_MAX_N, 16-byte aligned rows, a contiguous aligned weight)."""
     n = x.shape[-1] if x.dim() else 0
-    if not (x.dtype in NORM_DTYPES and weight.dtype == x.dtype and n and n % 8 == 0 and n <= NORM_MAX_N
-            and weight.is_contiguous() and weight.data_ptr() % 16 == 0 and weight.device == x.device):
+    if not (
+        x.dtype in NORM_DTYPES
+        and weight.dtype == x.dtype
+        and n
+        and n % 8 == 0
+        and n <= NORM_MAX_N
+        and weight.is_contiguous()
+        and weight.data_ptr() % 16 == 0
+        and weight.device == x.device
+    ):
         return None
     try:
         x2 = x.view(-1, n)
@@ -214,9 +262,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     formula and rounding -> a contiguous tensor of x's shape and dtype. Inputs as `rms_norm_rows` takes."""
     x2 = rms_norm_rows(x, weight)
     if x2 is None:
-        raise ValueError(f"cuda.rms_norm: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype}: "
-                         f"need one fp16/bf16 dtype, N % 8 == 0 up to {NORM_MAX_N}, 16-byte aligned rows "
-                         "(quant.kernels.triton_norm.rms_norm takes the rest)")
+        raise ValueError(
+            f"cuda.rms_norm: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype}: "
+            f"need one fp16/bf16 dtype, N % 8 == 0 up to {NORM_MAX_N}, 16-byte aligned rows "
+            "(quant.kernels.triton_norm.rms_norm takes the rest)"
+        )
     return load_layers().rms_norm(x2, weight, float(eps)).view(x.shape)
 
 
@@ -255,21 +305,10 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 
 # The decode's two builds, (min_blocks, warps): NARROW, CTAs of 4 warps, up to 3 an SM (two at batch 1, where each row
 # has many splits); WIDE, CTAs of 8 warps, one an SM. At batch 1 an SM's two 4-warp CTAs end their loops apart (its
-# older CTA's warps are issued first: Qwen3 1 x 128K's second CTAs end 2.6 us later in an H100 trace) and each writes a
-# partial; one 8-warp CTA streams as fast as the two, and its row has half the partials to merge. Measured on an H100
-# (two passes, dirty / read-only flush us, NARROW -> WIDE): the thinker's 1 x 4K 13.0 / 13.7-13.9 -> 12.5-12.8 /
-# 13.0-13.1, 1 x 32K 20.7 / 20.3-20.4 -> 18.8-18.9 / 18.3-19.1, 1 x 128K (32 splits and the window CTA, one merge level
-# where NARROW needs 64 splits in two) 35.9-36.1 / 35.3-35.6 -> 33.5-33.6 / 31.8-32.1; Qwen3 1 x 32K 24.1 / 22.7-23.1 ->
-# 22.7-22.8 / 22.0-22.1, 1 x 128K (16 splits, the window folded) 53.0 / 48.4-48.5 -> 51.6-51.7 / 47.2-48.0. It loses
-# where rows fill the SMs (LLaVA 1 x 128K 147.3-147.9 -> 157.3-166.6 clean; the thinker's 16 x 32K 83.2-83.8 ->
-# 98.3-98.6) and at Qwen3's 1 x 4K (13.2-13.6 -> 13.9-14.0 clean: 11 splits of 12 groups leave 8 warps one or two each).
-# Measured on an H100 (two passes) where the rule had no measurement: WIDE wins the thinker's batch 2 at every length
-# (2 x 4K 13.6 / 13.3 against 14.0 / 14.2, 2 x 128K 52.4 / 49.0 against 62.3 / 52.0) and Qwen3's 1 x 16K (17.9 / 17.5
-# against 18.2 / 18.4); it ties Qwen3's 1 x 8K and loses or ties from 16 rows on (the thinker's 4 x 8K 20.0 / 19.1
-# against 18.5 / 18.4, 8 x 32K 66.5 / 64.5 against 53.1 / 48.5; Qwen3's 2 x 16K-128K). So 8 query rows a KV head (the
-# thinker's 32 / 4 heads; Qwen3's 32 / 8 with 2 query tokens: 1 x 4K 13.6 / 12.9 against 13.9 / 14.0) take it at any
-# length where a row has >= 16 SMs; Qwen3's 4 only from WIDE_MIN_TOKENS.
-# On by default once both builds' GPU tests ran in one process and the whole bench was compared with the earlier one;
+# older CTA's warps are issued first) and each writes a partial; one 8-warp CTA streams as fast as the two, and its
+# row has half the partials to merge. WIDE loses where the rows fill the SMs and where a row's splits leave its 8
+# warps one or two groups each; it wins where a row has >= 16 SMs with 8 query rows a KV head, or >= 32 SMs, and for
+# 4 query rows from WIDE_MIN_TOKENS (wide_plan; the timings behind each rule: docs/PERFORMANCE.md, The split plan).
 # KernelOptions(wide_decode=False) keeps every launch on NARROW.
 NARROW, WIDE = (3, 4), (1, 8)
 WIDE_MIN_TOKENS = 16384
@@ -283,8 +322,15 @@ def wide_plan(tokens: int, rows: int, sms: int, query_rows: int = 1) -> bool:
     return rows * 32 <= sms or (rows * 16 <= sms and (query_rows >= 8 or tokens >= WIDE_MIN_TOKENS))
 
 
-def specialization(tokens: int, rows: int, sms: int, min_blocks: int | None = None,
-                   warps: int | None = None, query_rows: int = 1, wide: bool = True) -> tuple[int, int]:
+def specialization(
+    tokens: int,
+    rows: int,
+    sms: int,
+    min_blocks: int | None = None,
+    warps: int | None = None,
+    query_rows: int = 1,
+    wide: bool = True,
+) -> tuple[int, int]:
     """(min_blocks, warps) of a launch: given ones stay (the other from NARROW), else WIDE where `wide` (the run's
     KernelOptions.wide_decode) and `wide_plan`, NARROW otherwise."""
     if min_blocks is None and warps is None:
@@ -292,11 +338,22 @@ def specialization(tokens: int, rows: int, sms: int, min_blocks: int | None = No
     return NARROW[0] if min_blocks is None else min_blocks, NARROW[1] if warps is None else warps
 
 
-def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None,
-                     split_tokens: int | None = None, min_blocks: int | None = None, waves: float | None = None,
-                     trace: torch.Tensor | None = None, window_cta: bool | None = None,
-                     order: int | None = None, merge_group: int | None = None,
-                     warps: int | None = None, wide: bool = True) -> torch.Tensor:
+def decode_attention(
+    query: torch.Tensor,
+    kv: PackedKV,
+    scaling: float,
+    kv_lens=None,
+    res_lens=None,
+    split_tokens: int | None = None,
+    min_blocks: int | None = None,
+    waves: float | None = None,
+    trace: torch.Tensor | None = None,
+    window_cta: bool | None = None,
+    order: int | None = None,
+    merge_group: int | None = None,
+    warps: int | None = None,
+    wide: bool = True,
+) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
     Same contract as quant.kernels.triton_decode.decode_attention; needs (Hq / Hkv) * Lq <= 16. The kernel reads codes
@@ -312,23 +369,29 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     splits in one level, G > 0 in two (groups of G splits first; needs window_cta); default `merge_plan`'s choice.
     """
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
-        raise ValueError("the CUDA kernels rotate with the Sylvester Hadamard; this cache uses another "
-                         "rotation: use backend='triton' or 'torch'")
+        raise ValueError(
+            "the CUDA kernels rotate with the Sylvester Hadamard; this cache uses another "
+            "rotation: use backend='triton' or 'torch'"
+        )
     x = prepare_decode(query, kv, kv_lens, res_lens, rotate_query=False, order="frag")
     if x.group * x.lq > 16:
-        raise ValueError(f"(Hq / Hkv) * Lq = {x.group * x.lq} query rows per KV head exceed the 16 rows of one "
-                         "tensor-core tile: use backend='triton' or fewer speculative tokens")
+        raise ValueError(
+            f"(Hq / Hkv) * Lq = {x.group * x.lq} query rows per KV head exceed the 16 rows of one "
+            "tensor-core tile: use backend='triton' or fewer speculative tokens"
+        )
     rows = x.batch * x.kv_heads
     min_blocks, warps = specialization(x.tokens, rows, num_sms(query.device), min_blocks, warps, x.group * x.lq, wide)
     if split_tokens is None:
         if waves is not None:
             slots = num_sms(query.device) * min_blocks
             window_cta = separate_window(rows, slots) if window_cta is None else window_cta
-            split_tokens, splits = choose_split(x.tokens, rows, 128, max(slots - rows, rows) if window_cta else slots,
-                                                waves)
+            split_tokens, splits = choose_split(
+                x.tokens, rows, 128, max(slots - rows, rows) if window_cta else slots, waves
+            )
         else:
-            split_tokens, splits, window_cta = decode_plan(x.tokens, rows, num_sms(query.device), min_blocks,
-                                                           x.residual, window_cta)
+            split_tokens, splits, window_cta = decode_plan(
+                x.tokens, rows, num_sms(query.device), min_blocks, x.residual, window_cta
+            )
         while splits + 1 > 1024:  # the merge's limit
             split_tokens *= 2
             splits = -(-x.tokens // split_tokens)
@@ -338,8 +401,10 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
     if order is None:
         order = cta_order(rows, splits, window_cta, num_sms(query.device) * min_blocks, num_sms(query.device))
     elif order not in (ORDER_ROWS, ORDER_SPECIAL_FIRST, ORDER_SPECIAL_LAST):
-        raise ValueError(f"order must be {ORDER_ROWS} (row by row), {ORDER_SPECIAL_FIRST} (each row's window or "
-                         f"window-carrying CTA first) or {ORDER_SPECIAL_LAST} (those last), got {order!r}")
+        raise ValueError(
+            f"order must be {ORDER_ROWS} (row by row), {ORDER_SPECIAL_FIRST} (each row's window or "
+            f"window-carrying CTA first) or {ORDER_SPECIAL_LAST} (those last), got {order!r}"
+        )
     if merge_group is None:
         merge_group = merge_plan(splits, x.group * x.lq, x.head_dim, window_cta, 32 * warps)
     elif merge_group < 0:
@@ -350,10 +415,31 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
         x.k_res, x.v_res = x.k_res.contiguous(), x.v_res.contiguous()
     if x.q.data_ptr() % 16:  # and the query with 16-byte loads
         x.q = x.q.clone()
-    out = mod.decode(x.q, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens,
-                     _counters(query.device, rows * (1 + groups)), x.tokens, splits, split_tokens, float(scaling),
-                     kv.hadamard is not None, kv.rotate_out, window_cta, order, merge_group,
-                     _NO_TRACE[query.device] if trace is None else trace)
+    out = mod.decode(
+        x.q,
+        x.kc,
+        x.ks,
+        x.kz,
+        x.vc,
+        x.vs,
+        x.vz,
+        x.norms,
+        x.k_res,
+        x.v_res,
+        x.kv_lens,
+        x.res_lens,
+        _counters(query.device, rows * (1 + groups)),
+        x.tokens,
+        splits,
+        split_tokens,
+        float(scaling),
+        kv.hadamard is not None,
+        kv.rotate_out,
+        window_cta,
+        order,
+        merge_group,
+        _NO_TRACE[query.device] if trace is None else trace,
+    )
     return out.to(query.dtype)
 
 
@@ -362,8 +448,9 @@ def decode_attention(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=
 WINDOW_TOKEN_WEIGHT = 16 / 3
 
 
-def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual: int = 0,
-                window_cta: bool | None = None) -> tuple[int, int, bool]:
+def decode_plan(
+    tokens: int, rows: int, sms: int, min_blocks: int = 3, residual: int = 0, window_cta: bool | None = None
+) -> tuple[int, int, bool]:
     """The decode launch's plan: (split_tokens, num_splits, window_cta) for `rows` (batch x KV heads) of `tokens`
     packed tokens and `residual` window tokens on `sms` SMs with room for `min_blocks` CTAs each.
 
@@ -400,8 +487,12 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
             folded = _best_plan(tokens, rows, sms, slots, -(-residual // 32) * 32, False)
             if folded[3] < cost - 1e-6 and (rows * folded[1] > sms or min_blocks == 1):
                 split, n, window_cta = folded[:3]
-    if residual and tokens and rows * (n + window_cta) > slots and (window_cta or (
-            auto and residual * WINDOW_TOKEN_WEIGHT >= split / 4 and rows * n <= 8 * slots)):
+    if (
+        residual
+        and tokens
+        and rows * (n + window_cta) > slots
+        and (window_cta or (auto and residual * WINDOW_TOKEN_WEIGHT >= split / 4 and rows * n <= 8 * slots))
+    ):
         split, n = waves_with_window(tokens, rows, slots)
         window_cta = True
     if paired_splits(rows, n, window_cta, sms) and tokens > 256:
@@ -409,8 +500,9 @@ def decode_plan(tokens: int, rows: int, sms: int, min_blocks: int = 3, residual:
     return split, n, window_cta
 
 
-def launch_plan(query: torch.Tensor, kv: PackedKV, min_blocks: int | None = None, warps: int | None = None,
-                wide: bool = True) -> dict:
+def launch_plan(
+    query: torch.Tensor, kv: PackedKV, min_blocks: int | None = None, warps: int | None = None, wide: bool = True
+) -> dict:
     """The decode's planned launch for these inputs, as `decode_attention` makes it: the build (min_blocks, warps),
     splits, their tokens, the window's placement, the CTA order, the merge's groups, the grid's CTAs and the kernel
     ("row": decode_row_kernel, else decode_split_kernel; recorded per point by `oscar-eval bench`)."""
@@ -418,11 +510,17 @@ def launch_plan(query: torch.Tensor, kv: PackedKV, min_blocks: int | None = None
     rows, sms = x.batch * x.kv_heads, num_sms(query.device)
     min_blocks, warps = specialization(x.tokens, rows, sms, min_blocks, warps, x.group * x.lq, wide)
     split, splits, window_cta = decode_plan(x.tokens, rows, sms, min_blocks, x.residual)
-    return {"min_blocks": min_blocks, "warps": warps, "splits": splits, "split_tokens": split, "window_cta": window_cta,
-            "order": cta_order(rows, splits, window_cta, sms * min_blocks, sms),
-            "merge_group": merge_plan(splits, x.group * x.lq, x.head_dim, window_cta, 32 * warps),
-            "ctas": (splits + window_cta if splits else 1) * rows,
-            "kernel": "row" if row_kernel(x.tokens, splits, window_cta, kv.rotate_out) else "split"}
+    return {
+        "min_blocks": min_blocks,
+        "warps": warps,
+        "splits": splits,
+        "split_tokens": split,
+        "window_cta": window_cta,
+        "order": cta_order(rows, splits, window_cta, sms * min_blocks, sms),
+        "merge_group": merge_plan(splits, x.group * x.lq, x.head_dim, window_cta, 32 * warps),
+        "ctas": (splits + window_cta if splits else 1) * rows,
+        "kernel": "row" if row_kernel(x.tokens, splits, window_cta, kv.rotate_out) else "split",
+    }
 
 
 def waves_with_window(tokens: int, rows: int, slots: int, most: int = 8) -> tuple[int, int]:
@@ -437,6 +535,7 @@ def waves_with_window(tokens: int, rows: int, slots: int, most: int = 8) -> tupl
       6 splits and window CTAs 567.1 / 540.8 (7 and window CTAs: 519.7 / 491.7); 17 x 128K 650.3 / 622.5 against
       675.0 / 663.0;
     - and so it does over many waves: llava 64 x 4K (26 waves) 352.1 / 352.2 folded, 356.6 / 354.7 with window CTAs."""
+
     def busy(s):
         ctas = rows * (s + 1)
         return ctas / (-(-ctas // slots) * slots)
@@ -446,9 +545,9 @@ def waves_with_window(tokens: int, rows: int, slots: int, most: int = 8) -> tupl
     return split, -(-tokens // split)
 
 
-# A CTA's fixed cost (query load, partial write and arrival: ~4 us) in packed tokens streamed meanwhile (~12 GB/s per
-# CTA, 100 bytes a token), and the speed of an SM holding one CTA against two or three (H100: 16x32K with one
-# split per row 217 us, two 187; at 14x128K: 738 and 550, so 0.86 is on the mild side).
+# A CTA's fixed cost (query load, partial write and arrival) in packed tokens streamed meanwhile, and the speed of an
+# SM holding one CTA against two or three: one CTA cannot keep enough loads in flight to stream at the SM's share
+# (the figures these come from: docs/PERFORMANCE.md, The split plan).
 CTA_COST_TOKENS = 480
 ONE_CTA_SM_SPEED = 0.86
 
@@ -486,8 +585,7 @@ def waves_cost(costs: list[float], sms: int, per_sm: int) -> float:
 
 # Among one-wave plans the cost model ties (short steps, where the window's own CTA is the costliest in packed tokens
 # whatever the split count), the most splits up to this: shorter splits end the step sooner, and up to 16 partials a
-# row one merge round takes them all (H100, clean L2: Qwen3 1 x 2K 3 splits 14.4 us -> 15 splits 12.1, 1 x 4K 7
-# -> 11 splits 15.0 -> 13.8; the thinker's 1 x 1K 2 -> 7 15.3 -> 13.5, 1 x 4K 7 -> 16 16.1 -> 15.0).
+# row one merge round takes them all.
 TIE_MOST_SPLITS = 16
 
 
@@ -508,9 +606,11 @@ def _best_plan(tokens: int, rows: int, sms: int, room: int, residual: int, windo
             best = (cost, split, n)
     over = [w for w in range(room // rows + 1, min(8, -(-tokens // 128)) + 1)]
     if over:
+
         def busy(w):
             ctas = rows * w
             return ctas / (-(-ctas // room) * room)
+
         want = max(over, key=lambda w: (round(busy(w), 3), -w))
         split, n = plan_splits(tokens, rows, room, window=window, want=want)
         cost = waves_cost(cta_costs(tokens, split, n, window_cta, residual) * rows, sms, max(1, room // sms))
@@ -519,8 +619,9 @@ def _best_plan(tokens: int, rows: int, sms: int, room: int, residual: int, windo
     return best[1], best[2], window_cta, best[0]
 
 
-def plan_splits(tokens: int, rows: int, slots: int, block: int = 128, most: int = 8, window: int = 0,
-                want: int | None = None) -> tuple[int, int]:
+def plan_splits(
+    tokens: int, rows: int, slots: int, block: int = 128, most: int = 8, window: int = 0, want: int | None = None
+) -> tuple[int, int]:
     """Split-KV plan for the CUDA kernel: (split_tokens, num_splits). One CTA per (split, row), the window
     folded into one of them, so the grid is rows * splits CTAs over `slots` resident ones. Up to one wave:
     fill it (splits = slots // rows; `decode_plan` chooses among the counts by their slowest SM); beyond: the
@@ -535,9 +636,11 @@ def plan_splits(tokens: int, rows: int, slots: int, block: int = 128, most: int 
     if want is None and rows <= slots:
         want = slots // rows
     elif want is None:
+
         def busy(s):
             ctas = rows * s
             return ctas / (-(-ctas // slots) * slots)
+
         want = max(range(1, most + 1), key=lambda s: (round(busy(s), 3), -s))
     weighted = tokens + (round(window * WINDOW_TOKEN_WEIGHT) if rows * want <= slots else 0)
     split = max(block, -(-weighted // (want * block)) * block)
@@ -564,10 +667,8 @@ def cta_order(rows: int, splits: int, window_cta: bool, slots: int, sms: int | N
     return ORDER_ROWS
 
 
-# An SM's first CTA ends before its second (its warps are issued first): in an H100 trace of Qwen3 16 x 32K (two
-# equal splits per row, the first CTA of every SM a row's first split) the first CTAs' loops took 133 us, the second
-# ones' 140. With the first split longer by this factor than the second with the window (17280 and 15360 + 128
-# window tokens) and started first: 163.2 / 154.0 / 146.2 -> 162.0 / 151.1 / 144.4 us (dirty / clean / warm).
+# An SM's first CTA ends before its second (its warps are issued first): with two splits a row, the first split (the
+# SM's first CTA) is made longer by this factor than the second, which holds the window, so both end together.
 FIRST_CTA_SHARE = 1.08
 
 
@@ -634,8 +735,14 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def pack_kv(k: torch.Tensor, v: torch.Tensor, rotate: bool = True, token_norm: bool = True,
-            rotate_values: bool | None = None, zero_point: str = "float"):
+def pack_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rotate: bool = True,
+    token_norm: bool = True,
+    rotate_values: bool | None = None,
+    zero_point: str = "float",
+):
     """Quantize and pack K, V [B, H, T, D] (T % 32 == 0) with the CUDA kernel; same return value as
     quant.methods.oscar.pack_block: (k_q QTensor axis -2, v_q QTensor axis -1, norms fp32 [B, T] or None),
     codes in the "frag" order the decode kernel reads (quant/packed.py). rotate_values (default: rotate) = False
@@ -643,8 +750,11 @@ def pack_kv(k: torch.Tensor, v: torch.Tensor, rotate: bool = True, token_norm: b
     "integer" (quant.primitives.asym_quantize)."""
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()
-    kc, ks, kz, vc, vs, vz, norms = load(k.shape[-1]).pack(k, v, rotate, token_norm,
-                                                             rotate if rotate_values is None else rotate_values,
-                                                             zero_point == "integer")
-    return (QTensor(kc, ks, kz, 2, 32, -2, order="frag"), QTensor(vc, vs, vz, 2, 32, -1, order="frag"),
-            norms if token_norm else None)
+    kc, ks, kz, vc, vs, vz, norms = load(k.shape[-1]).pack(
+        k, v, rotate, token_norm, rotate if rotate_values is None else rotate_values, zero_point == "integer"
+    )
+    return (
+        QTensor(kc, ks, kz, 2, 32, -2, order="frag"),
+        QTensor(vc, vs, vz, 2, 32, -1, order="frag"),
+        norms if token_norm else None,
+    )

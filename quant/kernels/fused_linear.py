@@ -5,7 +5,8 @@ A decode step at batch 1 multiplies one token by every weight matrix: a stream o
 cuBLAS runs most of those shapes as a split-K GEMM and a second reduction kernel; the q/k/v and output
 projections reach ~1.5-2.6 TB/s (profiled on an H100). The kernel here reads each weight once with all of K in one
 CTA and writes the rounded result directly; the MLP's silu(gate(x)) * up(x) is one launch instead of four, and an
-attention's q, k and v projections are one launch instead of three (`ATTENTION_CLASSES`, `_qkv_forward`).
+attention's q, k and v projections are one launch instead of three (`_qkv_forward`; the attention classes the model's
+quant.traits.ModelTraits lists).
 The kernel takes up to 8 tokens (`MAX_TOKENS`) in fp16/bf16, but beats cuBLAS only up to 2 (`FAST_TOKENS`; on
 the H100, at 3-8 tokens the activation reloads and the FMAs catch up with the weight stream, and cuBLAS's tensor
 cores win), so patched models use it for 1-2 tokens (a batch-1 or batch-2 decode step); everything else
@@ -15,6 +16,7 @@ Numerics: float32 accumulation and one rounding per output, as a cuBLAS GEMM; on
 so results are within the error of torch's own bf16 GEMM against float64 (tests/kernels/test_kernels_linear.py), not bit
 for bit. The gated MLP rounds g, silu(g), u and silu(g) * u to the dtype, as transformers' separate kernels do.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,36 +25,12 @@ import types
 import torch
 import torch.nn.functional as F
 
+from quant.kernels.patches import Patches
+from quant.traits import ModelTraits
+
 DTYPES = (torch.float16, torch.bfloat16)
 MAX_TOKENS = 8
 FAST_TOKENS = 2
-# Dense MLPs whose forward is exactly down_proj(act_fn(gate_proj(x)) * up_proj(x)) (transformers 5.x, checked
-# against the installed source by tests/kernels/test_kernels_linear.py); fused only when act_fn is SiLU.
-MLP_CLASSES = {
-    "llama": ("LlamaMLP",),
-    "mistral": ("MistralMLP",),
-    "qwen2": ("Qwen2MLP",),
-    "qwen3": ("Qwen3MLP",),
-    "qwen3_moe": ("Qwen3MoeMLP",),
-    "qwen3_vl": ("Qwen3VLTextMLP",),
-    "qwen3_vl_moe": ("Qwen3VLMoeTextMLP",),
-    "qwen3_omni_moe": ("Qwen3OmniMoeThinkerTextMLP",),
-    "smollm3": ("SmolLM3MLP",),
-}
-# Attention modules whose forward calls q_proj, k_proj and v_proj in that order on the same hidden_states tensor
-# (transformers 5.x, checked against the installed source by tests/kernels/test_kernels_linear.py): the three run as one
-# launch (`_qkv_forward`).
-ATTENTION_CLASSES = {
-    "llama": ("LlamaAttention",),
-    "mistral": ("MistralAttention",),
-    "qwen2": ("Qwen2Attention",),
-    "qwen3": ("Qwen3Attention",),
-    "qwen3_moe": ("Qwen3MoeAttention",),
-    "qwen3_vl": ("Qwen3VLTextAttention",),
-    "qwen3_vl_moe": ("Qwen3VLMoeTextAttention",),
-    "qwen3_omni_moe": ("Qwen3OmniMoeThinkerTextAttention",),
-    "smollm3": ("SmolLM3Attention",),
-}
 SILU = ("SiLU", "SiLUActivation")  # torch.nn.SiLU, transformers.activations.SiLUActivation
 
 
@@ -82,8 +60,15 @@ def supported(x: torch.Tensor, *weights: torch.Tensor, tokens: int = MAX_TOKENS)
         return False
     if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)):
         return False  # the kernel has no backward
-    return all(w.dtype == x.dtype and w.device == x.device and w.dim() == 2 and w.shape[1] == k and w.is_contiguous()
-               and w.data_ptr() % 16 == 0 for w in weights)
+    return all(
+        w.dtype == x.dtype
+        and w.device == x.device
+        and w.dim() == 2
+        and w.shape[1] == k
+        and w.is_contiguous()
+        and w.data_ptr() % 16 == 0
+        for w in weights
+    )
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -107,13 +92,19 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
 def _check(x: torch.Tensor, *weights: torch.Tensor) -> None:
     if not supported(x, *weights):
         shapes = ", ".join(f"{tuple(w.shape)} {w.dtype}" for w in weights)
-        raise ValueError(f"fused_linear: x {tuple(x.shape)} {x.dtype} on {x.device} with weights {shapes}: need "
-                         f"CUDA fp16/bf16, contiguous [N, K] weights of x's dtype, K % 8 == 0, 1 to {MAX_TOKENS} "
-                         "tokens, no autograd (use torch.nn.functional.linear otherwise)")
+        raise ValueError(
+            f"fused_linear: x {tuple(x.shape)} {x.dtype} on {x.device} with weights {shapes}: need "
+            f"CUDA fp16/bf16, contiguous [N, K] weights of x's dtype, K % 8 == 0, 1 to {MAX_TOKENS} "
+            "tokens, no autograd (use torch.nn.functional.linear otherwise)"
+        )
 
 
-def linears(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor | None] | None = None,
-            rows: int | None = None) -> list[torch.Tensor]:
+def linears(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None] | None = None,
+    rows: int | None = None,
+) -> list[torch.Tensor]:
     """[F.linear(x, w, b) for w, b in zip(weights, biases)] for 1 to 3 weights of one input x [..., K] of 1 to
     MAX_TOKENS tokens, in one launch of the GEMV kernel -> one [..., N_s] tensor per weight."""
     biases = [None] * len(weights) if biases is None else list(biases)
@@ -126,20 +117,27 @@ def linears(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Ten
     return _launch(x, weights, [None if b is None else b.contiguous() for b in biases], rows=rows)
 
 
-def _launch(x: torch.Tensor, weights, biases, w_up: torch.Tensor | None = None,
-            rows: int | None = None) -> list[torch.Tensor]:
+def _launch(
+    x: torch.Tensor, weights, biases, w_up: torch.Tensor | None = None, rows: int | None = None
+) -> list[torch.Tensor]:
     """The kernel call, inputs already checked (`linears`, `silu_mul`, or a patched forward's `supported`)."""
     from quant.kernels.cuda import load_layers
 
     none = _empty(x)
     n = sum(w.shape[0] for w in weights)
-    outs = load_layers().gemv(_rows(x), list(weights), [none if b is None else b for b in biases],
-                              none if w_up is None else w_up, rows or rows_per_cta(n, x.device))
+    outs = load_layers().gemv(
+        _rows(x),
+        list(weights),
+        [none if b is None else b for b in biases],
+        none if w_up is None else w_up,
+        rows or rows_per_cta(n, x.device),
+    )
     return [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           rows: int | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, rows: int | None = None
+) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [..., K] of 1 to MAX_TOKENS tokens on the GEMV kernel -> [..., N]."""
     return linears(x, [weight], [bias], rows)[0]
 
@@ -165,8 +163,7 @@ def _bias_ok(bias: torch.Tensor | None, x: torch.Tensor) -> bool:
 
 def _linear_forward(self, x: torch.Tensor) -> torch.Tensor:
     """Instance forward of a patched nn.Linear: the kernel for 1-2 token CUDA inputs, torch's otherwise."""
-    if (supported(x, self.weight, tokens=FAST_TOKENS) and _bias_ok(self.bias, x)
-            and _kernel_ready()):
+    if supported(x, self.weight, tokens=FAST_TOKENS) and _bias_ok(self.bias, x) and _kernel_ready():
         return _launch(x, [self.weight], [self.bias])[0]
     return F.linear(x, self.weight, self.bias)
 
@@ -174,8 +171,13 @@ def _linear_forward(self, x: torch.Tensor) -> torch.Tensor:
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     """Instance forward of a patched SiLU MLP: gate and up in one launch for 1-2 token CUDA inputs."""
     gate, up = self.gate_proj, self.up_proj
-    if (gate.bias is None and up.bias is None and gate.weight.shape == up.weight.shape
-            and supported(x, gate.weight, up.weight, tokens=FAST_TOKENS) and _kernel_ready()):
+    if (
+        gate.bias is None
+        and up.bias is None
+        and gate.weight.shape == up.weight.shape
+        and supported(x, gate.weight, up.weight, tokens=FAST_TOKENS)
+        and _kernel_ready()
+    ):
         return self.down_proj(_launch(x, [gate.weight], [None], up.weight)[0])
     return type(self).forward(self, x)
 
@@ -187,8 +189,11 @@ def _qkv_forward(self, x: torch.Tensor) -> torch.Tensor:
     k_proj, v_proj, stash = self.oscar_qkv
     projs = (self, k_proj, v_proj)
     stash.clear()
-    if (supported(x, *(p.weight for p in projs), tokens=FAST_TOKENS)
-            and all(_bias_ok(p.bias, x) for p in projs) and _kernel_ready()):
+    if (
+        supported(x, *(p.weight for p in projs), tokens=FAST_TOKENS)
+        and all(_bias_ok(p.bias, x) for p in projs)
+        and _kernel_ready()
+    ):
         q, k, v = _launch(x, [p.weight for p in projs], [p.bias for p in projs])
         stash.extend([x, k, v])
         return q
@@ -207,56 +212,52 @@ def _stashed_forward(self, x: torch.Tensor) -> torch.Tensor:
     return _linear_forward(self, x)
 
 
-def _qualified(table: dict[str, tuple[str, ...]]) -> set[str]:
-    """{"transformers.models.qwen3.modeling_qwen3.Qwen3MLP", ...} of a family -> class names table."""
-    return {f"transformers.models.{m}.modeling_{m}.{c}" for m, names in table.items() for c in names}
-
-
-def mlp_classes() -> set[str]:
-    return _qualified(MLP_CLASSES)
-
-
-def _listed(module: torch.nn.Module, qualified: set[str], *linears: str) -> bool:
+def _listed(module: torch.nn.Module, qualified: tuple[str, ...], *linears: str) -> bool:
     # The module is part of the name: a remote-code class may reuse a listed name with another forward.
-    cls = type(module)
-    return f"{cls.__module__}.{cls.__name__}" in qualified and all(
-        type(getattr(module, p, None)) is torch.nn.Linear and "forward" not in vars(getattr(module, p))
-        for p in linears)
+    return ModelTraits.name(type(module)) in qualified and all(
+        type(getattr(module, p, None)) is torch.nn.Linear and "forward" not in vars(getattr(module, p)) for p in linears
+    )
 
 
-def _fusable_mlp(module: torch.nn.Module, qualified: set[str]) -> bool:
-    return (_listed(module, qualified, "gate_proj", "up_proj", "down_proj")
-            and type(getattr(module, "act_fn", None)).__name__ in SILU)
+def _fusable_mlp(module: torch.nn.Module, qualified: tuple[str, ...]) -> bool:
+    return (
+        _listed(module, qualified, "gate_proj", "up_proj", "down_proj")
+        and type(getattr(module, "act_fn", None)).__name__ in SILU
+    )
 
 
-def _fuse_qkv(attn: torch.nn.Module) -> None:
+def _fuse_qkv(attn: torch.nn.Module, patches: Patches) -> None:
     q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
     stash: list = []  # [x, k(x), v(x)] between q_proj's call and k_proj's / v_proj's
-    q.oscar_qkv = (k, v, stash)  # a tuple: not registered as submodules
-    k.oscar_stash, v.oscar_stash = (stash, 1), (stash, 2)
-    q.forward = types.MethodType(_qkv_forward, q)
-    k.forward = types.MethodType(_stashed_forward, k)
-    v.forward = types.MethodType(_stashed_forward, v)
+    patches.set(q, "oscar_qkv", (k, v, stash))  # a tuple: not registered as submodules
+    patches.set(k, "oscar_stash", (stash, 1))
+    patches.set(v, "oscar_stash", (stash, 2))
+    patches.set(q, "forward", types.MethodType(_qkv_forward, q))
+    patches.set(k, "forward", types.MethodType(_stashed_forward, k))
+    patches.set(v, "forward", types.MethodType(_stashed_forward, v))
 
 
-def fuse_linears(model: torch.nn.Module) -> dict[str, int]:
-    """Route `model`'s nn.Linear layers (exact class), allow-listed SiLU MLPs (gate, up, SiLU and the product in one
-    launch) and allow-listed attentions' q/k/v projections (one launch) through the GEMV kernel for CUDA inputs of
-    1 to FAST_TOKENS tokens; everything else stays on torch. Sets instance `forward`s (bound methods: deepcopy
-    rebinds them); a module whose forward is already overridden (by this, or by accelerate's hooks) is left alone,
+def fuse_linears(model: torch.nn.Module, traits: ModelTraits, patches: Patches | None = None) -> dict[str, int]:
+    """Route `model`'s nn.Linear layers (exact class), the SiLU MLPs of a class `traits.mlp` lists (gate, up, SiLU and
+    the product in one launch) and the q/k/v projections of the attentions `traits.attention` lists (one launch)
+    through the GEMV kernel for CUDA inputs of 1 to FAST_TOKENS tokens; everything else stays on torch. Sets instance
+    `forward`s (bound methods: deepcopy rebinds them) recorded in `patches` (quant.kernels.patches.Patches: `undo()`
+    takes them back); a module whose forward is already overridden (by this, or by accelerate's hooks) is left alone,
     so it is idempotent. Returns {"linear": n, "mlp": n, "qkv": n} patched now (q/k/v counted once per attention)."""
-    mlps, attns = mlp_classes(), _qualified(ATTENTION_CLASSES)
+    patches = patches if patches is not None else Patches()
     counts = {"linear": 0, "mlp": 0, "qkv": 0}
     for module in model.modules():  # parents come before their children
         if "forward" in module.__dict__:
             continue
-        if _listed(module, attns, "q_proj", "k_proj", "v_proj"):
-            _fuse_qkv(module)
+        if _listed(module, traits.attention, "q_proj", "k_proj", "v_proj"):
+            _fuse_qkv(module, patches)
             counts["qkv"] += 1
         elif type(module) is torch.nn.Linear:
-            module.forward = types.MethodType(_linear_forward, module)
+            patches.set(module, "forward", types.MethodType(_linear_forward, module))
             counts["linear"] += 1
-        elif _fusable_mlp(module, mlps):
-            module.forward = types.MethodType(_mlp_forward, module)
+        elif _fusable_mlp(module, traits.mlp):
+            patches.set(module, "forward", types.MethodType(_mlp_forward, module))
             counts["mlp"] += 1
+    for kind, n in counts.items():
+        patches.add(kind, n)
     return counts

@@ -5,6 +5,7 @@
 tensors, it runs the decode kernel; given a `DenseStep` (BF16's fixed buffers plus lengths), SDPA over the buffers
 with a length mask; otherwise it is SDPA.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,9 +43,14 @@ def dense_step_attention(query, step: DenseStep, scaling: float) -> torch.Tensor
     (Lq = 1: every valid token is in the past). Returns [B, Hq, Lq, D]."""
     pos = torch.arange(step.k.shape[-2], device=query.device)
     mask = (pos[None, :] < step.lengths[:, None])[:, None, None, :]
-    return torch.nn.functional.scaled_dot_product_attention(query, step.k.to(query.dtype), step.v.to(query.dtype),
-                                                            attn_mask=mask, scale=scaling,
-                                                            enable_gqa=query.shape[1] != step.k.shape[1])
+    return torch.nn.functional.scaled_dot_product_attention(
+        query,
+        step.k.to(query.dtype),
+        step.v.to(query.dtype),
+        attn_mask=mask,
+        scale=scaling,
+        enable_gqa=query.shape[1] != step.k.shape[1],
+    )
 
 
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -53,8 +59,9 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     Returns [B, Lq, Hq, D] as transformers' attention functions do."""
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     if isinstance(key, PackedStep):
-        out = decode_attention(query, key.kv, scaling, backend=key.backend, wide=key.wide,
-                               kv_lens=key.kv_lens, res_lens=key.res_lens)
+        out = decode_attention(
+            query, key.kv, scaling, backend=key.backend, wide=key.wide, kv_lens=key.kv_lens, res_lens=key.res_lens
+        )
         return out.transpose(1, 2).contiguous(), None
     if isinstance(key, PackedKV):
         return decode_attention(query, key, scaling).transpose(1, 2).contiguous(), None
@@ -62,8 +69,17 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
         return dense_step_attention(query, key, scaling).transpose(1, 2).contiguous(), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  is_causal=query.shape[2] > 1, **kwargs)
+    return sdpa_attention_forward(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=dropout,
+        scaling=scaling,
+        is_causal=query.shape[2] > 1,
+        **kwargs,
+    )
 
 
 def decode_mask(batch_size: int, q_length: int, kv_length: int, *args, attention_mask=None, **kwargs):

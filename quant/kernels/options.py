@@ -8,6 +8,7 @@ backend, its CUDA graphs and its builds), and writes `to_dict()` into the result
     KernelOptions()                                  # the defaults: the fastest path the device has
     KernelOptions.parse("backend=triton,cuda_graphs=off")
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,9 +25,15 @@ BACKENDS = ("cuda", "triton", "torch")
 LAYER_KERNELS = ("cuda", "triton")
 
 # Environment overrides (read by `from_env` only, at the command line): variable -> field.
-ENV = {"OSCAR_KERNEL_BACKEND": "backend", "OSCAR_CUDA_GRAPHS": "cuda_graphs", "OSCAR_FUSED_NORM": "fused_norm",
-       "OSCAR_FUSED_ROPE": "fused_rope", "OSCAR_FUSED_LINEAR": "fused_linear", "OSCAR_LAYER_KERNELS": "layer_kernels",
-       "OSCAR_WIDE_DECODE": "wide_decode"}
+ENV = {
+    "OSCAR_KERNEL_BACKEND": "backend",
+    "OSCAR_CUDA_GRAPHS": "cuda_graphs",
+    "OSCAR_FUSED_NORM": "fused_norm",
+    "OSCAR_FUSED_ROPE": "fused_rope",
+    "OSCAR_FUSED_LINEAR": "fused_linear",
+    "OSCAR_LAYER_KERNELS": "layer_kernels",
+    "OSCAR_WIDE_DECODE": "wide_decode",
+}
 _TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 
 
@@ -51,8 +58,9 @@ class KernelOptions:
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"kernel option backend={self.backend!r}: choose one of {', '.join(BACKENDS)}")
         if self.layer_kernels not in LAYER_KERNELS:
-            raise ValueError(f"kernel option layer_kernels={self.layer_kernels!r}: "
-                             f"choose one of {', '.join(LAYER_KERNELS)}")
+            raise ValueError(
+                f"kernel option layer_kernels={self.layer_kernels!r}: choose one of {', '.join(LAYER_KERNELS)}"
+            )
         for f in dataclasses.fields(self):
             if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
                 raise ValueError(f"kernel option {f.name} must be true or false, got {getattr(self, f.name)!r}")
@@ -122,10 +130,13 @@ def default_backend(device: torch.device | str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _warn_triton_fallback() -> None:  # once per process
-    warnings.warn("CUDA GPU without nvcc: OScaR decodes with the Triton kernels, 1.2-1.8x slower than the CUDA ones "
-                  "(docs/PERFORMANCE.md). Put the CUDA toolkit's nvcc on PATH (or set CUDA_HOME) for the CUDA kernels, "
-                  "or choose Triton (--kernels backend=triton, or OSCAR_KERNEL_BACKEND=triton for oscar-eval) to "
-                  "silence this.", stacklevel=3)
+    warnings.warn(
+        "CUDA GPU without nvcc: OScaR decodes with the Triton kernels, 1.2-1.8x slower than the CUDA ones "
+        "(docs/PERFORMANCE.md). Put the CUDA toolkit's nvcc on PATH (or set CUDA_HOME) for the CUDA kernels, "
+        "or choose Triton (--kernels backend=triton, or OSCAR_KERNEL_BACKEND=triton for oscar-eval) to "
+        "silence this.",
+        stacklevel=3,
+    )
 
 
 @functools.lru_cache(maxsize=None)

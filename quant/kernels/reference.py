@@ -9,6 +9,7 @@ a plain bf16 torch implementation would compute it (the error budget: a kernel m
 from the truth as this one, FlashAttention's rule); `attention_f32` computes it in float32 and rounds the output
 to the query's dtype (the tighter budget: what any kernel with that output dtype meets at best).
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,8 +55,15 @@ def _attention(query, k_all, v_all, scaling, kv_lens, res_lens, t, dtype, softma
     return out
 
 
-def _attention_in(dtype: torch.dtype, query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens, res_lens,
-                  softmax: torch.dtype | None = None):
+def _attention_in(
+    dtype: torch.dtype,
+    query: torch.Tensor,
+    kv: PackedKV,
+    scaling: float,
+    kv_lens,
+    res_lens,
+    softmax: torch.dtype | None = None,
+):
     """The PackedKV formula on the CPU with K/V (dequantized in float32 at least), query and matmuls in `dtype` and
     the softmax in `softmax` (default: `dtype`)."""
     b, t = query.shape[0], kv.num_quantized
@@ -63,8 +71,17 @@ def _attention_in(dtype: torch.dtype, query: torch.Tensor, kv: PackedKV, scaling
     if t:
         kq, vq = dequantized_kv(kv, dtype if dtype in (torch.float32, torch.float64) else torch.float32)
         k_res, v_res = torch.cat([kq.cpu().to(dtype), k_res], 2), torch.cat([vq.cpu().to(dtype), v_res], 2)
-    return _attention(query.cpu().to(dtype), k_res, v_res, scaling, _lens(kv_lens, t, b),
-                      _lens(res_lens, kv.k_res.shape[2], b), t, dtype, softmax or dtype)
+    return _attention(
+        query.cpu().to(dtype),
+        k_res,
+        v_res,
+        scaling,
+        _lens(kv_lens, t, b),
+        _lens(res_lens, kv.k_res.shape[2], b),
+        t,
+        dtype,
+        softmax or dtype,
+    )
 
 
 def attention_f64(query: torch.Tensor, kv: PackedKV, scaling: float, kv_lens=None, res_lens=None) -> torch.Tensor:
@@ -89,22 +106,47 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).norm() / ref.norm())
 
 
-def random_packed_kv(b: int, hkv: int, t: int, tr: int, d: int, seed: int, rotate: bool = True,
-                     token_norm: bool = True, device="cpu", res_dtype=torch.bfloat16,
-                     rotate_values: bool = True) -> PackedKV:
-    """A PackedKV made by the reference packer (quant.methods.oscar.pack_block) from fresh random K/V
-    (keys with per-channel outlier scales, as real keys have), plus a random residual window of tr tokens.
-    rotate_values=False: V packed as it is (the model's weights carry its rotation, quant/fold.py)."""
-    from quant.methods.oscar import OScaRConfig, pack_block
+def random_packed_kv(
+    b: int,
+    hkv: int,
+    t: int,
+    tr: int,
+    d: int,
+    seed: int,
+    rotate: bool = True,
+    token_norm: bool = True,
+    device="cpu",
+    res_dtype=torch.bfloat16,
+    rotate_values: bool = True,
+) -> PackedKV:
+    """A PackedKV packed from fresh random K/V (keys with per-channel outlier scales, as real keys have) as OScaR's
+    default config packs them (INT2, groups of 32, float zero point; quant.methods.oscar.pack_block: on a CUDA device
+    the fused pack of the device's default backend, else quant.packed.pack_reference), plus a random residual window
+    of tr tokens. rotate_values=False: V packed as it is (the model's weights carry its rotation, quant/fold.py)."""
+    from quant.kernels import pack_kv
+    from quant.kernels.options import default_backend
+    from quant.packed import pack_reference
     from quant.primitives import hadamard
 
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(b, hkv, t, d, generator=g) * (1 + 4 * torch.rand(d, generator=g))
     v = torch.randn(b, hkv, t, d, generator=g)
     rot = hadamard(d) if rotate else None
-    cfg = OScaRConfig(rotation="hadamard" if rotate else "none", token_norm=token_norm)
-    kq, vq, n = pack_block(k.to(device), v.to(device), cfg, rot.to(device) if rot is not None else None,
-                           rotate_values=rotate_values)
+    k, v = k.to(device), v.to(device)
+    rot_dev = rot.to(device) if rot is not None else None
+    backend = default_backend(k.device) if k.is_cuda else "torch"
+    if backend != "torch":  # what pack_block does on a CUDA device: the fused pack writes the same layout
+        kq, vq, n = pack_kv(
+            k,
+            v,
+            rotate=rotate,
+            token_norm=token_norm,
+            backend=backend,
+            rotate_values=rotate and rotate_values,
+            zero_point="float",
+        )
+    else:
+        kq, vq, n = pack_reference(k, v, 2, 32, rot_dev, token_norm, "float", None, rotate_values)
     k_res = torch.randn(b, hkv, tr, d, generator=g).to(device=device, dtype=res_dtype)
     v_res = torch.randn(b, hkv, tr, d, generator=g).to(device=device, dtype=res_dtype)
-    return PackedKV(kq, vq, n, k_res, v_res, rot.to(device) if rot is not None else None, rotate_values)
+    return PackedKV(kq, vq, n, k_res, v_res, rot_dev, rotate_values)

@@ -23,6 +23,7 @@ The loop (per 128-token block, transposed products S^T = K Q^T and O^T = V^T P^T
 H100: 771 instructions per thread per block under Triton 3.6, against 1827 for a loop over the natural code order,
 and 1.95-2.4x faster than that loop at long contexts (docs/KERNELS.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,8 @@ LOG2E = 1.4426950408889634
 BLOCK_T = 128  # tokens per step of a split's loop: the tl order's block
 # Dots of fp32 operands (the window, the rotation back) on TF32 tensor cores. The window's q and k hold bf16 (or fp16)
 # values, which TF32 carries exactly (fp16's last mantissa bit aside); P and the merged output lose bits below 2^-11,
-# under the bf16 output's 2^-9. "ieee" runs on the FMA units: the merge's 16 x 128 x 128 rotation alone takes ~155 us a
-# step on the H100, and Triton's "tf32x3" compiles too slowly for the GPU tests.
+# under the bf16 output's 2^-9. "ieee" runs on the FMA units, too slow for the merge's 16 x 128 x 128 rotation
+# at every step, and Triton's "tf32x3" compiles too slowly for the GPU tests.
 PRECISE = tl.constexpr("tf32")
 
 
@@ -74,20 +75,38 @@ def _codes(words, ASM: tl.constexpr):
     orc = e | (e << 16)
     lo, hi = tl.inline_asm_elementwise(
         "{ .reg .b32 t; lop3.b32 t, $2, $3, $4, 0xEA; sub.f16x2 t, t, $4; mov.b32 {$0, $1}, t; }",
-        "=h,=h,r,r,r", [src, mask, orc], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+        "=h,=h,r,r,r",
+        [src, mask, orc],
+        dtype=(tl.float16, tl.float16),
+        is_pure=True,
+        pack=1,
+    )
     return tl.join(lo, hi)
 
 
 @triton.jit
-def _scores(qr, kc_ptr, ks_ptr, kz_ptr, norm_ptr, t0, kv_len, scale_log2,
-            BLOCK_T: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, ASM: tl.constexpr):
+def _scores(
+    qr,
+    kc_ptr,
+    ks_ptr,
+    kz_ptr,
+    norm_ptr,
+    t0,
+    kv_len,
+    scale_log2,
+    BLOCK_T: tl.constexpr,
+    D: tl.constexpr,
+    MASKED: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """Scores S^T [128, M] (tile row r = token t0 + tau(r)) and V^T [D, 128] (row r = channel sigma(r), column =
     token tau(col)) of one 128-token block in the tl code order (quant.packed.tl_maps). Pointers at (b, h, token 0)."""
     r = tl.arange(0, BLOCK_T)
     tr = _slot(r, 2)
     kw = tl.load(kc_ptr + (t0 + tr)[:, None] * (D // 16) + tl.arange(0, D // 16)[None, :])
-    kc = tl.reshape(tl.permute(tl.reshape(_codes(kw, ASM), (BLOCK_T, 4, D // 64, 8, 2)), (0, 2, 3, 1, 4)),
-                    (2, 4, 16, D))
+    kc = tl.reshape(
+        tl.permute(tl.reshape(_codes(kw, ASM), (BLOCK_T, 4, D // 64, 8, 2)), (0, 2, 3, 1, 4)), (2, 4, 16, D)
+    )
     g = (t0 // 32 + tl.arange(0, 4))[:, None] * D + tl.arange(0, D)[None, :]
     ks = tl.reshape(tl.permute(tl.reshape(tl.load(ks_ptr + g), (4, 4, D // 64, 8, 2)), (0, 2, 3, 1, 4)), (4, D))
     kz = tl.reshape(tl.permute(tl.reshape(tl.load(kz_ptr + g), (4, 4, D // 64, 8, 2)), (0, 2, 3, 1, 4)), (4, D))
@@ -96,8 +115,9 @@ def _scores(qr, kc_ptr, ks_ptr, kz_ptr, norm_ptr, t0, kv_len, scale_log2,
     # norms as [w, g, b, a] (row r = 64 b + 16 w + 8 a + g, token tau(r) = 32 w + 16 b + 8 a + g): a thread's four
     # rows are one contiguous run of the staged copy (one 16-byte shared load instead of four)
     nw = tl.arange(0, 4)[:, None, None, None] * 32 + tl.arange(0, 8)[None, :, None, None]
-    n4 = tl.load(norm_ptr + t0 + nw + tl.arange(0, 2)[None, None, :, None] * 16
-                 + tl.arange(0, 2)[None, None, None, :] * 8)
+    n4 = tl.load(
+        norm_ptr + t0 + nw + tl.arange(0, 2)[None, None, :, None] * 16 + tl.arange(0, 2)[None, None, None, :] * 8
+    )
     n = tl.reshape(tl.permute(n4, (2, 0, 3, 1)), (BLOCK_T,))
     s = tl.dot(k, qr) * (n * scale_log2)[:, None]
     if MASKED:  # the split's last, partial block (tokens past kv_len: padding or another sequence's stale codes)
@@ -106,8 +126,9 @@ def _scores(qr, kc_ptr, ks_ptr, kz_ptr, norm_ptr, t0, kv_len, scale_log2,
 
 
 @triton.jit
-def _values(vc_ptr, vs_ptr, vz_ptr, t0, kv_len, BLOCK_T: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
-            ASM: tl.constexpr):
+def _values(
+    vc_ptr, vs_ptr, vz_ptr, t0, kv_len, BLOCK_T: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, ASM: tl.constexpr
+):
     """V^T [D, 128] of one block (row r = channel sigma(r), column = token tau(col)), tl code order."""
     G: tl.constexpr = D // 32
     blk = t0 // 128
@@ -134,8 +155,26 @@ def _values(vc_ptr, vs_ptr, vz_ptr, t0, kv_len, BLOCK_T: tl.constexpr, D: tl.con
 
 
 @triton.jit
-def _block_step(qr, kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr, norm_ptr, t0, kv_len, scale_log2, m, l, acct,
-                BLOCK_T: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, ASM: tl.constexpr):
+def _block_step(
+    qr,
+    kc_ptr,
+    ks_ptr,
+    kz_ptr,
+    vc_ptr,
+    vs_ptr,
+    vz_ptr,
+    norm_ptr,
+    t0,
+    kv_len,
+    scale_log2,
+    m,
+    l,
+    acct,
+    BLOCK_T: tl.constexpr,
+    D: tl.constexpr,
+    MASKED: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """One block, transposed: S^T [N, M] (log2 units), then V^T [D, N] built only after the softmax's cross-warp max
     (so that ptxas dequantizes it straight into the wgmma A registers the score product has freed); l [N, M] holds
     per-row partial sums (summed over the tokens once, after the loop)."""
@@ -165,11 +204,41 @@ def _online_update(s, v, m, l, acc):
 
 @triton.jit
 def decode_split_kernel(
-    Q, HD, KC, KS, KZ, VC, VS, VZ, NORM, KR, VR, KV_LEN, RES_LEN, PO, PML,
-    T, Tr, num_splits, split_tokens, scale_log2,
-    stride_rb, stride_rh, stride_rt, stride_vb, stride_vh, stride_vt,
-    HKV: tl.constexpr, GROUP: tl.constexpr, LQ: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, ROTATE: tl.constexpr, ASM: tl.constexpr = True,
+    Q,
+    HD,
+    KC,
+    KS,
+    KZ,
+    VC,
+    VS,
+    VZ,
+    NORM,
+    KR,
+    VR,
+    KV_LEN,
+    RES_LEN,
+    PO,
+    PML,
+    T,
+    Tr,
+    num_splits,
+    split_tokens,
+    scale_log2,
+    stride_rb,
+    stride_rh,
+    stride_rt,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    HKV: tl.constexpr,
+    GROUP: tl.constexpr,
+    LQ: tl.constexpr,
+    M: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    ROTATE: tl.constexpr,
+    ASM: tl.constexpr = True,
 ):
     """Partial attention of one split. Q: [B, Hq, LQ, D] (the window's dtype); HD: the fp32 [D, D] rotation of the
     keys (ROTATE: a quantized split rotates its query by it, QR = Q @ Hd, in fp32 then fp16).
@@ -211,15 +280,47 @@ def decode_split_kernel(
         kbase = (b * HKV + h).to(tl.int64) * T
         full = start + tl.maximum(end - start, 0) // BLOCK_T * BLOCK_T  # whole blocks: no masks in the main loop
         for t0 in range(start, full, BLOCK_T):
-            m, l2, acct = _block_step(qr, KC + kbase * (D // 16), KS + kbase // 32 * D, KZ + kbase // 32 * D,
-                                      VC + kbase * (D // 16), VS + kbase * (D // 32), VZ + kbase * (D // 32),
-                                      NORM + b.to(tl.int64) * T, t0, kv_len, scale_log2, m, l2, acct, BLOCK_T, D,
-                                      False, ASM)
+            m, l2, acct = _block_step(
+                qr,
+                KC + kbase * (D // 16),
+                KS + kbase // 32 * D,
+                KZ + kbase // 32 * D,
+                VC + kbase * (D // 16),
+                VS + kbase * (D // 32),
+                VZ + kbase * (D // 32),
+                NORM + b.to(tl.int64) * T,
+                t0,
+                kv_len,
+                scale_log2,
+                m,
+                l2,
+                acct,
+                BLOCK_T,
+                D,
+                False,
+                ASM,
+            )
         if full < end:
-            m, l2, acct = _block_step(qr, KC + kbase * (D // 16), KS + kbase // 32 * D, KZ + kbase // 32 * D,
-                                      VC + kbase * (D // 16), VS + kbase * (D // 32), VZ + kbase * (D // 32),
-                                      NORM + b.to(tl.int64) * T, full, kv_len, scale_log2, m, l2, acct, BLOCK_T, D,
-                                      True, ASM)
+            m, l2, acct = _block_step(
+                qr,
+                KC + kbase * (D // 16),
+                KS + kbase // 32 * D,
+                KZ + kbase // 32 * D,
+                VC + kbase * (D // 16),
+                VS + kbase * (D // 32),
+                VZ + kbase * (D // 32),
+                NORM + b.to(tl.int64) * T,
+                full,
+                kv_len,
+                scale_log2,
+                m,
+                l2,
+                acct,
+                BLOCK_T,
+                D,
+                True,
+                ASM,
+            )
         acc = tl.trans(acct)
         l = tl.sum(l2, 0)
     else:
@@ -248,9 +349,20 @@ def decode_split_kernel(
 
 
 @triton.jit
-def combine_kernel(PO, PML, HD, OUT, num_splits,
-                   HKV: tl.constexpr, GROUP: tl.constexpr, LQ: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
-                   NS: tl.constexpr, ROTATE_OUT: tl.constexpr):
+def combine_kernel(
+    PO,
+    PML,
+    HD,
+    OUT,
+    num_splits,
+    HKV: tl.constexpr,
+    GROUP: tl.constexpr,
+    LQ: tl.constexpr,
+    M: tl.constexpr,
+    D: tl.constexpr,
+    NS: tl.constexpr,
+    ROTATE_OUT: tl.constexpr,
+):
     """Merge the splits of one query row by log-sum-exp: program (b, h, r) for the GROUP * LQ real rows of M;
     out = (O_q @ Hd + O_r) / L into OUT [B, Hq, LQ, D] (O_q as it is without ROTATE_OUT: the model's weights carry
     V's rotation). Online over chunks of NS splits whose loads ([NS] of m and l, [NS, D] of O) are all in flight at
@@ -314,8 +426,9 @@ def programs_per_sm(kernel, device) -> int:
     return max(1, min(by_regs, by_smem, by_threads, 32))
 
 
-def plan_splits(tokens: int, rows: int, block: int, sms: int, programs: int, waves: float | None = None,
-                min_blocks: int = 4) -> tuple[int, int]:
+def plan_splits(
+    tokens: int, rows: int, block: int, sms: int, programs: int, waves: float | None = None, min_blocks: int = 4
+) -> tuple[int, int]:
     """(split_tokens, splits) of the Triton decode. rows = B * Hkv; programs: resident programs per SM.
 
     waves=None: when at least 4 splits of each row fit one wave with the window's programs (rows * (splits + 1) <=
@@ -340,9 +453,18 @@ def _inline_ptx() -> bool:
     return os.environ.get("TRITON_INTERPRET") != "1" and getattr(torch.version, "hip", None) is None
 
 
-def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, split_tokens: int | None = None,
-                     num_warps: int = 4, num_stages: int | None = None, waves: float | None = None,
-                     maxnreg: int | None = None):
+def decode_attention(
+    query,
+    kv,
+    scaling: float,
+    kv_lens=None,
+    res_lens=None,
+    split_tokens: int | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
+    waves: float | None = None,
+    maxnreg: int | None = None,
+):
     """OScaR decode attention with Triton. query [B, Hq, Lq, D] -> out [B, Hq, Lq, D] (query dtype).
 
     kv: quant.packed.PackedKV, codes best in the "tl" order (an OScaR cache on the Triton path keeps them so);
@@ -364,8 +486,9 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, spl
 
     if query.is_cuda and query.device.index != torch.cuda.current_device():  # Triton launches on the current device
         with torch.cuda.device(query.device):  # a layer of a model spread over GPUs (device_map)
-            return decode_attention(query, kv, scaling, kv_lens, res_lens, split_tokens, num_warps, num_stages, waves,
-                                    maxnreg)
+            return decode_attention(
+                query, kv, scaling, kv_lens, res_lens, split_tokens, num_warps, num_stages, waves, maxnreg
+            )
     if kv.k is not None and kv.k.num_tokens % TL_BLOCK:  # pad to whole blocks, the padding masked by kv_lens
         t = kv.k.num_tokens
         kv_lens = _lens(kv_lens, t, query.shape[0], t, "kv_lens", query.device)
@@ -377,19 +500,55 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, spl
     m = padded_rows(x.group, x.lq)
     rows = x.batch * x.kv_heads
     if split_tokens is not None and (split_tokens <= 0 or split_tokens % BLOCK_T):
-        raise ValueError(f"split_tokens ({split_tokens}) must be a positive multiple of {BLOCK_T} (the tl order's "
-                         "block)")
+        raise ValueError(
+            f"split_tokens ({split_tokens}) must be a positive multiple of {BLOCK_T} (the tl order's block)"
+        )
     dev = query.device
     sl2 = float(scaling) * LOG2E
-    options = dict(HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m, D=x.head_dim, BLOCK_T=BLOCK_T, BLOCK_R=32,
-                   ROTATE=kv.hadamard is not None, ASM=_inline_ptx(),
-                   num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
-                   **({} if maxnreg is None else {"maxnreg": maxnreg}))
+    options = dict(
+        HKV=x.kv_heads,
+        GROUP=x.group,
+        LQ=x.lq,
+        M=m,
+        D=x.head_dim,
+        BLOCK_T=BLOCK_T,
+        BLOCK_R=32,
+        ROTATE=kv.hadamard is not None,
+        ASM=_inline_ptx(),
+        num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}),
+        **({} if maxnreg is None else {"maxnreg": maxnreg}),
+    )
 
     def args(splits, split_tokens, po, pml):
-        return (x.q, x.hd, x.kc, x.ks, x.kz, x.vc, x.vs, x.vz, x.norms, x.k_res, x.v_res, x.kv_lens, x.res_lens, po,
-                pml, x.tokens, x.residual, splits, split_tokens, sl2, x.k_res.stride(0), x.k_res.stride(1),
-                x.k_res.stride(2), x.v_res.stride(0), x.v_res.stride(1), x.v_res.stride(2))
+        return (
+            x.q,
+            x.hd,
+            x.kc,
+            x.ks,
+            x.kz,
+            x.vc,
+            x.vs,
+            x.vz,
+            x.norms,
+            x.k_res,
+            x.v_res,
+            x.kv_lens,
+            x.res_lens,
+            po,
+            pml,
+            x.tokens,
+            x.residual,
+            splits,
+            split_tokens,
+            sl2,
+            x.k_res.stride(0),
+            x.k_res.stride(1),
+            x.k_res.stride(2),
+            x.v_res.stride(0),
+            x.v_res.stride(1),
+            x.v_res.stride(2),
+        )
 
     if split_tokens is None:
         programs = 2  # the measured value (189 registers, 4 warps), where it cannot be read
@@ -397,8 +556,9 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, spl
             key = (dev.index, x.q.dtype, x.k_res.dtype, tuple(sorted(options.items())))
             if key not in _PROGRAMS:  # compile without launching and read the binary's registers and shared memory
                 scratch = torch.empty(1, dtype=torch.float32, device=dev)
-                _PROGRAMS[key] = programs_per_sm(decode_split_kernel.warmup(*args(1, BLOCK_T, scratch, scratch),
-                                                                            grid=(1,), **options), dev)
+                _PROGRAMS[key] = programs_per_sm(
+                    decode_split_kernel.warmup(*args(1, BLOCK_T, scratch, scratch), grid=(1,), **options), dev
+                )
             programs = _PROGRAMS[key]
         split_tokens, splits = plan_splits(x.tokens, rows, BLOCK_T, num_sms(dev), programs, waves)
     else:
@@ -407,7 +567,19 @@ def decode_attention(query, kv, scaling: float, kv_lens=None, res_lens=None, spl
     pml = torch.empty(rows, splits + 1, 2, m, dtype=torch.float32, device=dev)
     decode_split_kernel[(splits + 1, rows)](*args(splits, split_tokens, po, pml), **options)
     out = torch.empty(query.shape, dtype=query.dtype, device=dev)
-    combine_kernel[(rows * x.group * x.lq,)](po, pml, x.hd, out, splits, HKV=x.kv_heads, GROUP=x.group, LQ=x.lq, M=m,
-                                             D=x.head_dim, NS=min(64, triton.next_power_of_2(max(splits, 1))),
-                                             ROTATE_OUT=kv.rotate_out, num_warps=4)
+    combine_kernel[(rows * x.group * x.lq,)](
+        po,
+        pml,
+        x.hd,
+        out,
+        splits,
+        HKV=x.kv_heads,
+        GROUP=x.group,
+        LQ=x.lq,
+        M=m,
+        D=x.head_dim,
+        NS=min(64, triton.next_power_of_2(max(splits, 1))),
+        ROTATE_OUT=kv.rotate_out,
+        num_warps=4,
+    )
     return out

@@ -11,8 +11,10 @@ the normalized value is rounded to x's dtype before the weight multiplies it, an
 dtype of (weight, x), exactly as the transformers forward. The product of two fp16/bf16 numbers is exact
 in float32, so one float32 multiply rounded to the output dtype gives torch's bits for that step.
 """
+
 from __future__ import annotations
 
+import functools
 import os
 import types
 
@@ -20,24 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
+from quant.kernels.patches import Patches
+from quant.traits import ModelTraits
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_N = 16384
 # Triton picks its interpreter when it is imported; the kernel then rounds bf16 by hand (`_round`).
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# Classes whose forward was read in transformers 5.x (and is checked against Qwen3RMSNorm's by
-# tests/kernels/test_kernels_norm.py): transformers.models.<module>.modeling_<module>.<class>. Gemma-style norms
-# scale by (1 + weight) and round after the multiply: never listed.
-ALLOWED = {
-    "llama": ("LlamaRMSNorm",),
-    "mistral": ("MistralRMSNorm",),
-    "qwen2": ("Qwen2RMSNorm",),
-    "qwen3": ("Qwen3RMSNorm",),
-    "qwen3_moe": ("Qwen3MoeRMSNorm",),
-    "qwen3_vl": ("Qwen3VLTextRMSNorm",),
-    "qwen3_vl_moe": ("Qwen3VLMoeTextRMSNorm",),
-    "qwen3_omni_moe": ("Qwen3OmniMoeThinkerTextRMSNorm", "Qwen3OmniMoeTextRMSNorm", "Qwen3OmniMoeRMSNorm",
-                       "Qwen3OmniMoeCode2WavRMSNorm"),
-}
 
 
 @triton.jit
@@ -52,8 +43,9 @@ def _round(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["rows"])  # the batch size must not pick a new compilation
-def rms_norm_kernel(x_ptr, w_ptr, out_ptr, rows, n, x_row_stride, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                    INTERPRET: tl.constexpr):
+def rms_norm_kernel(
+    x_ptr, w_ptr, out_ptr, rows, n, x_row_stride, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr
+):
     """ROWS rows per program; a row is BLOCK >= n contiguous elements, masked past n."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK)
@@ -82,8 +74,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """
     n = x.shape[-1]
     if x.dtype not in DTYPES or weight.dtype not in DTYPES or weight.shape != (n,) or not 0 < n <= MAX_N:
-        raise ValueError(f"rms_norm: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype}; "
-                         f"need weight [N], N <= {MAX_N}, dtypes in {DTYPES}")
+        raise ValueError(
+            f"rms_norm: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype}; "
+            f"need weight [N], N <= {MAX_N}, dtypes in {DTYPES}"
+        )
     x2 = x.reshape(-1, n) if x.stride(-1) == 1 else x.contiguous().view(-1, n)  # a view when strides allow
     out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     if x2.shape[0] == 0:
@@ -100,16 +94,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-def _fused_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+def _fused_forward(self, hidden_states: torch.Tensor, cuda_launch: bool = True) -> torch.Tensor:
     """Instance forward of a patched norm: on CUDA the CUDA kernel (quant.kernels.cuda.rms_norm: fp16/bf16 with a
-    weight of the same dtype, N % 8 == 0, `layer_kernels_on`) or this Triton kernel; the class's forward elsewhere."""
+    weight of the same dtype, N % 8 == 0, `layer_kernels_on`; where the patch chose `cuda_launch`) or this Triton
+    kernel; the class's forward elsewhere."""
     w = self.weight
     grad = torch.is_grad_enabled() and (hidden_states.requires_grad or w.requires_grad)  # kernel has no backward
-    if (hidden_states.is_cuda and not grad and hidden_states.dtype in DTYPES and w.dtype in DTYPES
-            and 0 < hidden_states.shape[-1] <= MAX_N):
+    if (
+        hidden_states.is_cuda
+        and not grad
+        and hidden_states.dtype in DTYPES
+        and w.dtype in DTYPES
+        and 0 < hidden_states.shape[-1] <= MAX_N
+    ):
         from quant.kernels import cuda
 
-        if self._oscar_cuda_launch and cuda.layer_kernels_on(hidden_states.device):  # the same formula, one C++ launch
+        if cuda_launch and cuda.layer_kernels_on(hidden_states.device):  # the same formula, one C++ launch
             x2 = cuda.rms_norm_rows(hidden_states, w)
             if x2 is not None:
                 return cuda.load_layers().rms_norm(x2, w, float(self.variance_epsilon)).view(hidden_states.shape)
@@ -117,29 +117,32 @@ def _fused_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return type(self).forward(self, hidden_states)
 
 
-def allowed_classes() -> set[str]:
-    """Qualified names "transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm" of ALLOWED."""
-    return {f"transformers.models.{m}.modeling_{m}.{c}" for m, names in ALLOWED.items() for c in names}
-
-
-def _allowed(module, qualified: set[str]) -> bool:
+def _allowed(module, qualified: tuple[str, ...]) -> bool:
     # The module is part of the name: a remote-code class may reuse a listed name with another forward.
-    cls = type(module)
-    return (f"{cls.__module__}.{cls.__name__}" in qualified and hasattr(module, "variance_epsilon")
-            and isinstance(getattr(module, "weight", None), torch.nn.Parameter))
+    return (
+        ModelTraits.name(type(module)) in qualified
+        and hasattr(module, "variance_epsilon")
+        and isinstance(getattr(module, "weight", None), torch.nn.Parameter)
+    )
 
 
-def fuse_rms_norms(model: torch.nn.Module, cuda_launch: bool = True) -> int:
-    """Route every allow-listed RMSNorm of `model` through `rms_norm` when its input is on CUDA (through the CUDA
-    kernel instead where `cuda_launch` and `quant.kernels.cuda.layer_kernels_on`).
+def fuse_rms_norms(
+    model: torch.nn.Module, traits: ModelTraits, cuda_launch: bool = True, patches: Patches | None = None
+) -> int:
+    """Route every RMSNorm of `model` of a class `traits.norm` lists through `rms_norm` when its input is on CUDA
+    (through the CUDA kernel instead where `cuda_launch` and `quant.kernels.cuda.layer_kernels_on`).
 
-    Sets an instance `forward` (a bound method, so deepcopy rebinds it); classes and transformers' modules
+    Sets an instance `forward` (a bound method, so deepcopy rebinds it; the choice of `cuda_launch` is bound into it)
+    recorded in `patches` (quant.kernels.patches.Patches: `undo()` takes it back); classes and transformers' modules
     are left untouched, and a module whose forward is already overridden is skipped. Returns the count.
     """
-    qualified, count = allowed_classes(), 0
+    patches = patches if patches is not None else Patches()
+    count = 0
     for module in model.modules():
-        if _allowed(module, qualified) and "forward" not in module.__dict__:
-            module.forward = types.MethodType(_fused_forward, module)
-            module._oscar_cuda_launch = cuda_launch
+        if _allowed(module, traits.norm) and "forward" not in module.__dict__:
+            patches.set(
+                module, "forward", types.MethodType(functools.partial(_fused_forward, cuda_launch=cuda_launch), module)
+            )
             count += 1
+    patches.add("norm", count)
     return count

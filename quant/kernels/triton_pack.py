@@ -11,6 +11,7 @@ codes; division rounded to nearest). Hd = H_pm1 / sqrt(D) with H_pm1 the +-1 Syl
 product with +-1 entries is exact on tensor cores (bf16/fp16 inputs, fp32 accumulation), so the
 rotation costs a dot, not a float32 matmul.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,10 @@ def _quant(x, lo, hi, INTEGER: tl.constexpr):
     """asym_quantize given the group's min/max (fp32) -> (int32 codes, fp16 scale, fp16 zero); INTEGER: the integer
     zero point's offset -s * rint(-lo / s) (quant.primitives.integer_zero) instead of the minimum."""
     # round to fp16 first, then guard: 2**-24 (quant.primitives.MIN_SCALE) is the smallest positive fp16
-    scale = tl.maximum(tl.math.div_rn(hi - lo, tl.full(hi.shape, 3.0, tl.float32)).to(tl.float16).to(tl.float32),
-                       5.9604644775390625e-08).to(tl.float16)
+    scale = tl.maximum(
+        tl.math.div_rn(hi - lo, tl.full(hi.shape, 3.0, tl.float32)).to(tl.float16).to(tl.float32),
+        5.9604644775390625e-08,
+    ).to(tl.float16)
     sf = scale.to(tl.float32)
     if INTEGER:
         zero = (-sf * _rint(tl.math.div_rn(-lo, sf))).to(tl.float16)
@@ -68,10 +71,33 @@ def _quant(x, lo, hi, INTEGER: tl.constexpr):
 
 
 @triton.jit
-def pack_kernel(K, V, HPM, KC, KS, KZ, VC, VS, VZ, NORM,
-                stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, T, inv_sqrt_d,
-                H: tl.constexpr, D: tl.constexpr, ROTATE: tl.constexpr, TOKEN_NORM: tl.constexpr,
-                EXACT: tl.constexpr, ROTATE_V: tl.constexpr, INTEGER: tl.constexpr):
+def pack_kernel(
+    K,
+    V,
+    HPM,
+    KC,
+    KS,
+    KZ,
+    VC,
+    VS,
+    VZ,
+    NORM,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    T,
+    inv_sqrt_d,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    ROTATE: tl.constexpr,
+    TOKEN_NORM: tl.constexpr,
+    EXACT: tl.constexpr,
+    ROTATE_V: tl.constexpr,
+    INTEGER: tl.constexpr,
+):
     """Pack tokens [32 g, 32 g + 32) of sequence b for every head (layout: quant.packed)."""
     g = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -98,8 +124,10 @@ def pack_kernel(K, V, HPM, KC, KS, KZ, VC, VS, VZ, NORM,
         tl.store(KS + (bh * (T // 32) + g) * D + d[None, :], s)
         tl.store(KZ + (bh * (T // 32) + g) * D + d[None, :], z)
 
-        vr = tl.reshape(_rotate(V + b * stride_vb + h * stride_vh, tt * stride_vt, d, hpm, inv_sqrt_d, ROTATE_V,
-                                EXACT), (32, D // 32, 32))
+        vr = tl.reshape(
+            _rotate(V + b * stride_vb + h * stride_vh, tt * stride_vt, d, hpm, inv_sqrt_d, ROTATE_V, EXACT),
+            (32, D // 32, 32),
+        )
         codes, s, z = _quant(vr, tl.min(vr, 2)[:, :, None], tl.max(vr, 2)[:, :, None], INTEGER)
         words = tl.reduce(tl.reshape(codes, (32, D // 16, 16)) << (tl.arange(0, 16) * 2)[None, None, :], 2, _or)
         tok = bh * T + tt
@@ -109,8 +137,9 @@ def pack_kernel(K, V, HPM, KC, KS, KZ, VC, VS, VZ, NORM,
         tl.store(VZ + gv, tl.reshape(z, (32, D // 32)))
 
 
-def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: bool | None = None,
-            zero_point: str = "float"):
+def pack_kv(
+    k, v, rotate: bool = True, token_norm: bool = True, rotate_values: bool | None = None, zero_point: str = "float"
+):
     """Quantize and pack a block of K, V [B, H, T, D] (T a multiple of 32, D 64 or 128) for OScaR.
 
     Returns (k_q QTensor axis -2 of K_unit, v_q QTensor axis -1 of V_rot, norms fp32 [B, T] or None),
@@ -138,11 +167,34 @@ def pack_kv(k, v, rotate: bool = True, token_norm: bool = True, rotate_values: b
     vc = torch.empty(b, h, t, d // 16, **i32)
     vs, vz = torch.empty(b, h, t, d // 32, **f16), torch.empty(b, h, t, d // 32, **f16)
     norms = torch.empty(b, t, dtype=torch.float32, device=dev)
-    pack_kernel[(t // 32, b)](k, v, hpm, kc, ks, kz, vc, vs, vz, norms, k.stride(0), k.stride(1), k.stride(2),
-                              v.stride(0), v.stride(1), v.stride(2), t, 1.0 / math.sqrt(d), H=h, D=d,
-                              ROTATE=rotate, TOKEN_NORM=token_norm, EXACT=exact,
-                              ROTATE_V=rotate if rotate_values is None else rotate_values,
-                              INTEGER=zero_point == "integer", num_warps=4)
+    pack_kernel[(t // 32, b)](
+        k,
+        v,
+        hpm,
+        kc,
+        ks,
+        kz,
+        vc,
+        vs,
+        vz,
+        norms,
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        t,
+        1.0 / math.sqrt(d),
+        H=h,
+        D=d,
+        ROTATE=rotate,
+        TOKEN_NORM=token_norm,
+        EXACT=exact,
+        ROTATE_V=rotate if rotate_values is None else rotate_values,
+        INTEGER=zero_point == "integer",
+        num_warps=4,
+    )
     return (QTensor(kc, ks, kz, 2, 32, -2), QTensor(vc, vs, vz, 2, 32, -1), norms if token_norm else None)
 
 
@@ -160,4 +212,3 @@ def _check_block(k, v) -> None:
         raise ValueError(f"a packed block needs a multiple of 32 tokens, got {t}: keep the rest in the window")
     if d not in (64, 128):
         raise ValueError(f"head_dim {d} is not compiled; supported: 64, 128")
-

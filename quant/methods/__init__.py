@@ -2,6 +2,7 @@
 
 Adding a method = one file with a frozen config (+ its cache layer) and one line in METHODS.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,8 +43,10 @@ PAPER_COMPARISON: dict[str, tuple[str, dict]] = {
 # OTT has none: its code is not public, and the settings its paper is summarized with (groups of 128 tokens, a
 # 32-token window) cannot hold per-channel key groups, whose window must be a multiple of the group.
 OWN_PAPER: dict[str, tuple[str, dict]] = {
-    "kivi-own-paper": ("kivi", {"residual_length": 128, "group_size": 32, "value_flush": "fifo",
-                                "zero_point": "float"}),
+    "kivi-own-paper": (
+        "kivi",
+        {"residual_length": 128, "group_size": 32, "value_flush": "fifo", "zero_point": "float"},
+    ),
     "quarot-own-paper": ("quarot", {"residual_length": 0, "zero_point": "integer", "clip_ratio": 0.95}),
     "rotatekv-own-paper": ("rotatekv", {"residual_length": 0, "zero_point": "integer", "clip_ratio": 0.8}),
     "turboquant-own-paper": ("turboquant", {"residual_length": 0, "outlier_split": "channels"}),
@@ -57,8 +60,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 }
 
 PRESETS: dict[str, tuple[str, dict]] = {**PAPER_COMPARISON, **OWN_PAPER, **VARIANTS}
-GROUPS: dict[str, list[str]] = {"all": list(PAPER_COMPARISON), "own-paper": ["bf16", *OWN_PAPER],
-                                 "variants": list(VARIANTS)}
+GROUPS: dict[str, list[str]] = {
+    "all": list(PAPER_COMPARISON),
+    "own-paper": ["bf16", *OWN_PAPER],
+    "variants": list(VARIANTS),
+}
 
 
 def list_methods(group: str = "all") -> list[str]:
@@ -78,8 +84,15 @@ def expand_presets(text: str) -> list[str]:
 
 def setting_of(name: str) -> str:
     """Which table a preset belongs to: "paper-comparison", "own-paper" or "variant" (unknown names: "custom")."""
-    return ("paper-comparison" if name in PAPER_COMPARISON else "own-paper" if name in OWN_PAPER
-            else "variant" if name in VARIANTS else "custom")
+    return (
+        "paper-comparison"
+        if name in PAPER_COMPARISON
+        else "own-paper"
+        if name in OWN_PAPER
+        else "variant"
+        if name in VARIANTS
+        else "custom"
+    )
 
 
 def get_method(name: str | MethodConfig, **overrides) -> MethodConfig:
@@ -118,20 +131,18 @@ def coerce(cls: type[MethodConfig], key: str, value, where: str = ""):
         if text in TRUE or text in FALSE:
             return text in TRUE
         raise ValueError(f"{prefix} is not a boolean; use one of {', '.join(TRUE + FALSE)}")
-    if kind == "int":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        try:
-            return int(str(value).strip()) if isinstance(value, str) else _refuse()
-        except ValueError:
-            raise ValueError(f"{prefix} is not an integer; {key} takes a whole number") from None
-    if kind == "float":
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        try:
-            return float(str(value).strip()) if isinstance(value, str) else _refuse()
-        except ValueError:
-            raise ValueError(f"{prefix} is not a number; {key} takes a decimal number") from None
+    if kind in ("int", "float"):
+        number = int if kind == "int" else float
+        if isinstance(value, bool):
+            parsed = None
+        elif isinstance(value, int) or (kind == "float" and isinstance(value, float)):
+            return number(value)
+        else:
+            parsed = _parse_number(number, value)
+        if parsed is None:
+            what = "an integer; {} takes a whole number" if kind == "int" else "a number; {} takes a decimal number"
+            raise ValueError(f"{prefix} is not {what.format(key)}")
+        return parsed
     if kind == "str":
         if isinstance(value, str):
             return value.strip()
@@ -139,8 +150,14 @@ def coerce(cls: type[MethodConfig], key: str, value, where: str = ""):
     return value
 
 
-def _refuse():
-    raise ValueError
+def _parse_number(number: type, value) -> int | float | None:
+    """`value` (text) parsed as `number` (int or float); None when it is not text or does not parse."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return number(value.strip())
+    except ValueError:
+        return None
 
 
 def _field_types(cls: type[MethodConfig]) -> dict[str, str]:
@@ -175,8 +192,11 @@ def preset_of(method: MethodConfig) -> MethodConfig | None:
 def changed_fields(method: MethodConfig) -> dict:
     """The fields where `method` differs from its preset, in declaration order (all of them for a non-preset)."""
     preset = preset_of(method)
-    return {f.name: getattr(method, f.name) for f in dataclasses.fields(method)
-            if f.name != "name" and (preset is None or getattr(method, f.name) != getattr(preset, f.name))}
+    return {
+        f.name: getattr(method, f.name)
+        for f in dataclasses.fields(method)
+        if f.name != "name" and (preset is None or getattr(method, f.name) != getattr(preset, f.name))
+    }
 
 
 def label(method: MethodConfig) -> str:

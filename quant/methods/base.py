@@ -5,6 +5,7 @@ attributes and implements three things: `_append(k, v)` (store new tokens, flush
 `_dense()` (dequantize everything stored into [B, H, T, D] tensors: the torch reference path) and
 `_stored()` (the stored tensors by byte category, for memory accounting and batch reordering).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,6 +45,7 @@ class CacheState:
     def fixed_step(self, batch: int) -> bool:
         """Whether a one-token decode step of `batch` sequences takes the fixed-shape (kernel) path."""
         return self.fast_decode and (batch == 1 or self.uniform_rows)
+
     # Teacher-forced scoring (tasks/ppl): a chunk of S > 1 tokens then attends over everything as stored after it,
     # as S decode steps would, rather than as a prompt (exact new K/V); see MethodConfig.exact_chunk.
     decode_chunks: bool = False
@@ -146,8 +148,11 @@ def check_pow2_group(name: str, value: int) -> None:
 
 
 def check_zero_point(method: str, value: str) -> None:
-    check(value in ("float", "integer"), f"{method}.zero_point must be 'float' (x_hat = q * s + min) or 'integer' "
-          f"(x_hat = s * (q - round(-min / s))), got {value!r}")
+    check(
+        value in ("float", "integer"),
+        f"{method}.zero_point must be 'float' (x_hat = q * s + min) or 'integer' "
+        f"(x_hat = s * (q - round(-min / s))), got {value!r}",
+    )
 
 
 def addresses(*tensors: torch.Tensor | None) -> tuple:

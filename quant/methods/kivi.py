@@ -8,14 +8,23 @@ method) flushes them with the keys.
 `zero_point`: "float" (KIVI's own code: x_hat = q * s + min) or "integer" (OScaR's framework runs KIVI so:
 x_hat = s * (q - round(-min / s))).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from quant.methods.base import (MethodConfig, QuantLayer, block_flush_chunk, cat_tokens, own, check, check_pow2_group,
-                                check_zero_point)
+from quant.methods.base import (
+    MethodConfig,
+    QuantLayer,
+    block_flush_chunk,
+    cat_tokens,
+    check,
+    check_pow2_group,
+    check_zero_point,
+    own,
+)
 from quant.packed import QTensor, cat_optional, quantize
 
 
@@ -30,14 +39,20 @@ class KIVIConfig(MethodConfig):
     zero_point: str = "float"  # "float" | "integer"
 
     def validate(self):
-        check(self.key_bits in (2, 4) and self.value_bits in (2, 4),
-              f"kivi bits must be 2 or 4, got K{self.key_bits} V{self.value_bits}")
+        check(
+            self.key_bits in (2, 4) and self.value_bits in (2, 4),
+            f"kivi bits must be 2 or 4, got K{self.key_bits} V{self.value_bits}",
+        )
         check_pow2_group("kivi.group_size", self.group_size)
-        check(self.residual_length > 0 and self.residual_length % self.group_size == 0,
-              f"kivi.residual_length ({self.residual_length}) must be a positive multiple of group_size "
-              f"({self.group_size})")
-        check(self.value_flush in ("fifo", "block"),
-              f"kivi.value_flush must be 'fifo' or 'block', got {self.value_flush!r}")
+        check(
+            self.residual_length > 0 and self.residual_length % self.group_size == 0,
+            f"kivi.residual_length ({self.residual_length}) must be a positive multiple of group_size "
+            f"({self.group_size})",
+        )
+        check(
+            self.value_flush in ("fifo", "block"),
+            f"kivi.value_flush must be 'fifo' or 'block', got {self.value_flush!r}",
+        )
         check_zero_point("kivi", self.zero_point)
 
     @property
@@ -65,14 +80,18 @@ class KIVILayer(QuantLayer):
         self.k_res = cat_tokens(self.k_res, k)
         full = (self.k_res.shape[-2] // c.residual_length) * c.residual_length
         if full:
-            self.k_q = cat_optional(self.k_q, quantize(self.k_res[..., :full, :], c.key_bits, c.group_size, axis=-2,
-                                                       zero_point=c.zero_point))
+            self.k_q = cat_optional(
+                self.k_q,
+                quantize(self.k_res[..., :full, :], c.key_bits, c.group_size, axis=-2, zero_point=c.zero_point),
+            )
             self.k_res = own(self.k_res[..., full:, :])
         self.v_res = cat_tokens(self.v_res, v)
         excess = full if c.value_flush == "block" else self.v_res.shape[-2] - c.residual_length
         if excess > 0:
-            self.v_q = cat_optional(self.v_q, quantize(self.v_res[..., :excess, :], c.value_bits, c.group_size, axis=-1,
-                                                       zero_point=c.zero_point))
+            self.v_q = cat_optional(
+                self.v_q,
+                quantize(self.v_res[..., :excess, :], c.value_bits, c.group_size, axis=-1, zero_point=c.zero_point),
+            )
             self.v_res = own(self.v_res[..., excess:, :])
 
     def _dense(self):

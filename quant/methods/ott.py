@@ -10,14 +10,23 @@ group's scale/zero, values as their own per-token group). The first `skip_layers
 Values are block-flushed with the keys [ours: the pool holds K and V together, so both share blocks].
 `zero_point`: "float" (KIVI's code, which OTT builds on) or "integer" (OScaR's evaluation framework).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from quant.methods.base import (MethodConfig, QuantLayer, block_flush_chunk, cat_tokens, own, check, check_pow2_group,
-                                check_zero_point)
+from quant.methods.base import (
+    MethodConfig,
+    QuantLayer,
+    block_flush_chunk,
+    cat_tokens,
+    check,
+    check_pow2_group,
+    check_zero_point,
+    own,
+)
 from quant.packed import QTensor, cat_optional, quantize, write_token
 
 
@@ -34,9 +43,11 @@ class OTTConfig(MethodConfig):
     def validate(self):
         check(self.bits in (2, 3, 4), f"ott.bits must be 2, 3 or 4, got {self.bits}")
         check_pow2_group("ott.group_size", self.group_size)
-        check(self.residual_length > 0 and self.residual_length % self.group_size == 0,
-              f"ott.residual_length ({self.residual_length}) must be a positive multiple of group_size "
-              f"({self.group_size})")
+        check(
+            self.residual_length > 0 and self.residual_length % self.group_size == 0,
+            f"ott.residual_length ({self.residual_length}) must be a positive multiple of group_size "
+            f"({self.group_size})",
+        )
         check_zero_point("ott", self.zero_point)
         check(self.outlier_tokens >= 0 and self.skip_layers >= 0, "ott.outlier_tokens and ott.skip_layers must be >= 0")
 

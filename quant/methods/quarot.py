@@ -8,6 +8,7 @@ floor(L / R) * R tokens. `keep_first_tokens` [ours] keeps the first N tokens in 
 its QuaRot/RotateKV baselines "reserve a few high-precision tokens"); QuaRot's own code uses 0.
 `zero_point`: "integer" (QuaRot's code: z = round(-min / s)) or "float" (the minimum itself).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,8 +36,10 @@ class QuaRotConfig(MethodConfig):
         check(0.5 <= self.clip_ratio <= 1.0, f"quarot.clip_ratio must be in [0.5, 1], got {self.clip_ratio}")
         check(self.keep_first_tokens >= 0, "quarot.keep_first_tokens must be >= 0")
         check(self.group_size >= 0, "quarot.group_size must be >= 0 (0 = head_dim)")
-        check(self.residual_length >= 0,
-              f"quarot.residual_length must be >= 0 (0 = no window), got {self.residual_length}")
+        check(
+            self.residual_length >= 0,
+            f"quarot.residual_length must be >= 0 (0 = no window), got {self.residual_length}",
+        )
         check_zero_point("quarot", self.zero_point)
 
     @property

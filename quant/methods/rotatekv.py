@@ -15,6 +15,7 @@ ones, so only the quantization basis moves). With fewer heads than `head_span` t
 power of two dividing the number of KV heads (so the Hadamard size stays a power of two). M-RoPE models
 use the text (1-D) rotary positions.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -53,14 +54,20 @@ class RotateKVConfig(MethodConfig):
 
     def validate(self):
         check(self.bits in (2, 3, 4), f"rotatekv.bits must be 2, 3 or 4, got {self.bits}")
-        check(self.group_size >= 16 and self.group_size & (self.group_size - 1) == 0,
-              "rotatekv.group_size must be a power of two >= 16")
-        check(self.head_span >= 1 and self.head_span & (self.head_span - 1) == 0,
-              "rotatekv.head_span must be a power of two")
+        check(
+            self.group_size >= 16 and self.group_size & (self.group_size - 1) == 0,
+            "rotatekv.group_size must be a power of two >= 16",
+        )
+        check(
+            self.head_span >= 1 and self.head_span & (self.head_span - 1) == 0,
+            "rotatekv.head_span must be a power of two",
+        )
         check(0.5 <= self.clip_ratio <= 1.0, f"rotatekv.clip_ratio must be in [0.5, 1], got {self.clip_ratio}")
         check(self.sink_tokens >= 0, "rotatekv.sink_tokens must be >= 0")
-        check(self.residual_length >= 0,
-              f"rotatekv.residual_length must be >= 0 (0 = no window), got {self.residual_length}")
+        check(
+            self.residual_length >= 0,
+            f"rotatekv.residual_length must be >= 0 (0 = no window), got {self.residual_length}",
+        )
         check_zero_point("rotatekv", self.zero_point)
 
     def exact_chunk(self, position):
@@ -74,8 +81,10 @@ class RotateKVConfig(MethodConfig):
         shared["rope"] = find_rope(model)
         if self.calibrate:  # before the hooks: the calibration forward must not record sinks
             if tokenizer is None:
-                raise ValueError("rotatekv calibrates its channel permutation on text: pass tokenizer= to make_cache "
-                                 "(or use rotatekv with calibrate=False)")
+                raise ValueError(
+                    "rotatekv calibrates its channel permutation on text: pass tokenizer= to make_cache "
+                    "(or use rotatekv with calibrate=False)"
+                )
             shared["perms"] = calibrate_permutations(model, tokenizer, self, shared)
         if self.sink_tokens:
             install_sink_hooks(model, shared, self.sink_tokens)
@@ -101,8 +110,9 @@ def rope(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 def find_rope(model):
     """A function positions[T] -> (cos, sin) float32 [T, d] from the text model's rotary embedding."""
-    modules = [m for n, m in model.named_modules()
-               if n.endswith("rotary_emb") and "vision" not in n and "audio" not in n]
+    modules = [
+        m for n, m in model.named_modules() if n.endswith("rotary_emb") and "vision" not in n and "audio" not in n
+    ]
     if not modules:
         raise ValueError(f"rotatekv needs a RoPE model; no rotary_emb module found in {type(model).__name__}")
     emb = modules[-1]
@@ -113,8 +123,10 @@ def find_rope(model):
         if getattr(emb, "mrope_section", None) is not None:  # M-RoPE: a text token has one position on all 3 axes
             pos = pos.expand(3, 1, -1)  # (transformers 5.17 takes only [3, B, T]; 5.23 also [B, T])
         cos, sin = emb(dummy, pos)  # on the embedding's device when device_map spreads the model: back to the caller's
-        return (cos.reshape(-1, cos.shape[-1]).float().to(positions.device),
-                sin.reshape(-1, sin.shape[-1]).float().to(positions.device))
+        return (
+            cos.reshape(-1, cos.shape[-1]).float().to(positions.device),
+            sin.reshape(-1, sin.shape[-1]).float().to(positions.device),
+        )
 
     return cos_sin
 
@@ -221,7 +233,7 @@ class RotateKVLayer(QuantLayer):
         c, t = self.config, k.shape[-2]
         sinks = self.ctx.shared.get("sinks", {}).get(self.ctx.layer_idx)
         if sinks is not None and self.ctx.row is not None:  # one sequence of a padded batch (quant/rows.py)
-            sinks = sinks[self.ctx.row:self.ctx.row + 1]
+            sinks = sinks[self.ctx.row : self.ctx.row + 1]
         if sinks is not None and t > 1 and self.seen == 0:  # the prefill's sinks (a later chunk's are not RotateKV's)
             self._keep_sinks(k, v, sinks)
         start = 0 if self.k_q is None else self.k_q.num_tokens
@@ -235,8 +247,12 @@ class RotateKVLayer(QuantLayer):
         z = c.zero_point
         kq = quantize(kr, c.bits, self._group(kr.shape[-1]), axis=-1, clip=c.clip_ratio, zero_point=z)
         self.k_q = cat_optional(self.k_q, kq)
-        self.v_q = cat_optional(self.v_q, quantize(vb.float() @ self._hv, c.bits, self._group(vb.shape[-1]), axis=-1,
-                                                   clip=c.clip_ratio, zero_point=z))
+        self.v_q = cat_optional(
+            self.v_q,
+            quantize(
+                vb.float() @ self._hv, c.bits, self._group(vb.shape[-1]), axis=-1, clip=c.clip_ratio, zero_point=z
+            ),
+        )
 
     def _keep_sinks(self, k, v, sinks):
         """sinks: [B, n] token indices within this chunk; keep their K/V in full precision."""
@@ -259,5 +275,8 @@ class RotateKVLayer(QuantLayer):
         return k, v
 
     def _stored(self):
-        return {"codes": [self.k_q, self.v_q], "outliers": [self.sink_k, self.sink_v, self.sink_pos],
-                "residual": [self.k_res, self.v_res]}
+        return {
+            "codes": [self.k_q, self.v_q],
+            "outliers": [self.sink_k, self.sink_v, self.sink_pos],
+            "residual": [self.k_res, self.v_res],
+        }

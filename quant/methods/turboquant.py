@@ -18,6 +18,7 @@ unit length before scaling back.
 R > 0 the newest tokens wait in full precision and every R are quantized at once (block flush, as OScaR's
 evaluation framework runs every method).
 """
+
 from __future__ import annotations
 
 import math
@@ -50,15 +51,22 @@ class TurboQuantConfig(MethodConfig):
 
     def validate(self):
         check(self.main_bits in (1, 2, 3, 4) and self.outlier_bits in (1, 2, 3, 4), "turboquant bits must be 1..4")
-        check(0.0 <= self.outlier_fraction < 1.0,
-              f"turboquant.outlier_fraction must be in [0, 1), got {self.outlier_fraction}")
-        check(self.outlier_split in ("channels", "rotated"),
-              f"turboquant.outlier_split must be 'channels' (original channels) or 'rotated', "
-              f"got {self.outlier_split!r}")
-        check(self.rotation in ("orthogonal", "randomized_hadamard"),
-              f"turboquant.rotation must be orthogonal|randomized_hadamard, got {self.rotation!r}")
-        check(self.residual_length >= 0,
-              f"turboquant.residual_length must be >= 0 (0 = no window), got {self.residual_length}")
+        check(
+            0.0 <= self.outlier_fraction < 1.0,
+            f"turboquant.outlier_fraction must be in [0, 1), got {self.outlier_fraction}",
+        )
+        check(
+            self.outlier_split in ("channels", "rotated"),
+            f"turboquant.outlier_split must be 'channels' (original channels) or 'rotated', got {self.outlier_split!r}",
+        )
+        check(
+            self.rotation in ("orthogonal", "randomized_hadamard"),
+            f"turboquant.rotation must be orthogonal|randomized_hadamard, got {self.rotation!r}",
+        )
+        check(
+            self.residual_length >= 0,
+            f"turboquant.residual_length must be >= 0 (0 = no window), got {self.residual_length}",
+        )
 
     @property
     def bits(self):
@@ -78,8 +86,10 @@ def rotation_matrix(config: TurboQuantConfig, d: int, seed: int, device) -> torc
     if config.rotation == "orthogonal":
         return random_orthogonal(d, seed, device=device)
     if d & (d - 1):
-        raise ValueError(f"turboquant.rotation='randomized_hadamard' needs power-of-two sizes, got {d}; "
-                         "use rotation='orthogonal' (the outlier split makes sets of d/4 and 3d/4 channels)")
+        raise ValueError(
+            f"turboquant.rotation='randomized_hadamard' needs power-of-two sizes, got {d}; "
+            "use rotation='orthogonal' (the outlier split makes sets of d/4 and 3d/4 channels)"
+        )
     signs = torch.randint(0, 2, (d,), generator=torch.Generator().manual_seed(seed)) * 2 - 1
     return (hadamard(d) * signs.float().unsqueeze(0)).to(device)  # H @ diag(signs)
 
@@ -152,7 +162,7 @@ class TurboQuantLayer(QuantLayer):
             n = norms.float()
             y = (xf / torch.where(n > 0, n, torch.ones_like(n)).unsqueeze(-1)) @ self._pi.T
             out = pack_bitstream(nearest_centroid(y[..., : self.n_out], self._cb_out), c.outlier_bits)
-            main = pack_bitstream(nearest_centroid(y[..., self.n_out:], self._cb_main), c.main_bits)
+            main = pack_bitstream(nearest_centroid(y[..., self.n_out :], self._cb_main), c.main_bits)
             return out, main, norms.unsqueeze(-1)
         out_idx, main_idx = self._split(idx)
         main, main_norm = self._encode_set(take(xf, main_idx), self._pi_main, self._cb_main, c.main_bits)
@@ -161,12 +171,18 @@ class TurboQuantLayer(QuantLayer):
         out, out_norm = self._encode_set(take(xf, out_idx), self._pi_out, self._cb_out, c.outlier_bits)
         return out, main, torch.stack([out_norm, main_norm], -1)
 
-    def decode(self, out: torch.Tensor, main: torch.Tensor, norms: torch.Tensor,
-               idx: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self, out: torch.Tensor, main: torch.Tensor, norms: torch.Tensor, idx: torch.Tensor | None = None
+    ) -> torch.Tensor:
         c, d, n = self.config, self.ctx.head_dim, self.n_out
         if c.outlier_split == "rotated":
-            y = torch.cat([self._cb_out[unpack_bitstream(out, c.outlier_bits, n).long()],
-                           self._cb_main[unpack_bitstream(main, c.main_bits, d - n).long()]], -1)
+            y = torch.cat(
+                [
+                    self._cb_out[unpack_bitstream(out, c.outlier_bits, n).long()],
+                    self._cb_main[unpack_bitstream(main, c.main_bits, d - n).long()],
+                ],
+                -1,
+            )
             if c.norm_correction:
                 y = y / y.norm(dim=-1, keepdim=True).clamp_min(1e-12)
             return (y @ self._pi) * norms[..., 0].float().unsqueeze(-1)
@@ -198,5 +214,9 @@ class TurboQuantLayer(QuantLayer):
         return torch.cat([k, self.k_res], -2), torch.cat([v, self.v_res], -2)
 
     def _stored(self):
-        return {"codes": [self.k_out, self.k_main, self.v_out, self.v_main], "norms": [self.k_norm, self.v_norm],
-                "scales": [self.k_idx, self.v_idx], "residual": [self.k_res, self.v_res]}
+        return {
+            "codes": [self.k_out, self.k_main, self.v_out, self.v_main],
+            "norms": [self.k_norm, self.v_norm],
+            "scales": [self.k_idx, self.v_idx],
+            "residual": [self.k_res, self.v_res],
+        }

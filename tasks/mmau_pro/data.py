@@ -11,6 +11,7 @@ task_identifier, kwargs, ...`), normalized: `audio_path` is always a list, `choi
 `kwargs` a dict, and `audio_root` / `audio_zip` say where clips are read from. Clips are decoded
 only when an item runs (`load_clips`), as 16 kHz mono float32, so one missing file fails that item.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,8 +45,14 @@ def load_items(data: str | None, limit: int | None = None) -> list[dict[str, Any
     its long items, else a path)."""
     from tasks.mmau_pro.generate import ensure_generated, ensure_generated_large
 
-    return common.load_items(data, limit, load_path=load_path, load_official=load_official, generated=ensure_generated,
-                             generated_large=ensure_generated_large)
+    return common.load_items(
+        data,
+        limit,
+        load_path=load_path,
+        load_official=load_official,
+        generated=ensure_generated,
+        generated_large=ensure_generated_large,
+    )
 
 
 def load_official() -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ attention mask, then L2-normalized (what its sentence-transformers config prescr
 Choose with `load_embedder(spec)` or MMAU_PRO_EMBEDDER: "all-MiniLM-L6-v2" (default),
 "nvidia/NV-Embed-v2" (from the warm HF cache), or a local folder of either kind.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,9 @@ class Embedder:
             if self.kind == "nv-embed":
                 out = self.model.encode(list(texts), instruction="", max_length=NV_EMBED_MAX_TOKENS)
             else:
-                batch = self.tokenizer(list(texts), padding=True, truncation=True,
-                                       max_length=MINILM_MAX_TOKENS, return_tensors="pt")
+                batch = self.tokenizer(
+                    list(texts), padding=True, truncation=True, max_length=MINILM_MAX_TOKENS, return_tensors="pt"
+                )
                 hidden = self.model(**batch).last_hidden_state  # [n, tokens, dim]
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 out = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
@@ -106,8 +108,10 @@ def check_embedder(spec: str | None = None) -> None:
     name, folder = _resolve(spec or os.environ.get(ENV) or MINILM)
     weights = [f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern) if f.is_file()]
     if not (folder / "config.json").is_file() or not weights:
-        raise RuntimeError(f"embedder {name!r} ({ENV}): {folder} holds no config.json and *.safetensors / *.bin "
-                           f"weights; point {ENV} at a complete copy, or use {MINILM}")
+        raise RuntimeError(
+            f"embedder {name!r} ({ENV}): {folder} holds no config.json and *.safetensors / *.bin "
+            f"weights; point {ENV} at a complete copy, or use {MINILM}"
+        )
 
 
 def load_embedder(spec: str | None = None, device: str | None = None) -> Embedder:

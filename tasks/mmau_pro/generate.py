@@ -9,6 +9,7 @@ interleaved by category so the first few cover every kind. One seed: the same se
 `build_large` ("generated-large") puts LONG_ITEMS first: clips of minutes, one item with three 300-second clips
 (over 11K audio tokens on Qwen3-Omni), for speed and memory at the lengths of MMAU-Pro's long items.
 """
+
 from __future__ import annotations
 
 import random
@@ -18,16 +19,29 @@ from typing import Any
 
 import numpy as np
 
-from tasks.common import COMPLETE_MARKER, ensure_built
-
 from tasks.common import AUDIO_SAMPLE_RATE as SAMPLE_RATE
+from tasks.common import COMPLETE_MARKER, ensure_built
 
 GENERATOR_VERSION = 1
 SEED = 20250819
-NOTES = {"C4": 261.63, "D4": 293.66, "E4": 329.63, "F4": 349.23, "G4": 392.00, "A3": 220.00, "A4": 440.00,
-         "B3": 246.94, "D3": 146.83, "F3": 174.61}
-CHORDS = {"C major": ("C4", "E4", "G4"), "A minor": ("A3", "C4", "E4"), "G major": ("G4", "B3", "D4"),
-          "D minor": ("D3", "F3", "A3")}
+NOTES = {
+    "C4": 261.63,
+    "D4": 293.66,
+    "E4": 329.63,
+    "F4": 349.23,
+    "G4": 392.00,
+    "A3": 220.00,
+    "A4": 440.00,
+    "B3": 246.94,
+    "D3": 146.83,
+    "F3": 174.61,
+}
+CHORDS = {
+    "C major": ("C4", "E4", "G4"),
+    "A minor": ("A3", "C4", "E4"),
+    "G major": ("G4", "B3", "D4"),
+    "D minor": ("D3", "F3", "A3"),
+}
 SOUNDS = ("a steady pure tone", "white noise", "a rising pitch sweep", "silence")
 
 
@@ -41,7 +55,7 @@ def tone(freq: float, seconds: float, amp: float = 0.3) -> np.ndarray:
     fade = min(len(y) // 2, SAMPLE_RATE // 100)
     ramp = np.linspace(0.0, 1.0, fade)
     y[:fade] *= ramp
-    y[len(y) - fade:] *= ramp[::-1]
+    y[len(y) - fade :] *= ramp[::-1]
     return y.astype(np.float32)
 
 
@@ -65,9 +79,12 @@ def sequence(names: list[str], note_seconds: float = 0.35, gap: float = 0.08) ->
 
 
 def sound_clip(label: str, rng: np.random.Generator) -> np.ndarray:
-    return {"a steady pure tone": lambda: tone(440.0, 1.2), "white noise": lambda: noise(1.2, rng),
-            "a rising pitch sweep": lambda: sweep(200.0, 1200.0, 1.2),
-            "silence": lambda: np.zeros(len(_t(1.2)), np.float32)}[label]()
+    return {
+        "a steady pure tone": lambda: tone(440.0, 1.2),
+        "white noise": lambda: noise(1.2, rng),
+        "a rising pitch sweep": lambda: sweep(200.0, 1200.0, 1.2),
+        "silence": lambda: np.zeros(len(_t(1.2)), np.float32),
+    }[label]()
 
 
 def write_wav(path: Path, samples: np.ndarray) -> None:
@@ -83,42 +100,97 @@ def write_wav(path: Path, samples: np.ndarray) -> None:
 def _closed(rng: random.Random, question: str, answer: str, options: list[str], clips, category: str, sub: str):
     options = options[:]
     rng.shuffle(options)
-    return {"question": question, "answer": answer, "choices": options, "clips": clips, "category": category,
-            "sub-cat": sub}
+    return {
+        "question": question,
+        "answer": answer,
+        "choices": options,
+        "clips": clips,
+        "category": category,
+        "sub-cat": sub,
+    }
 
 
 def closed_items(rng: random.Random, nrng: np.random.Generator) -> dict[str, list[dict[str, Any]]]:
-    sound = [_closed(rng, "Which best describes the sound in the audio?", label, list(SOUNDS),
-                     [sound_clip(label, nrng)], "sound", "sound identification")
-             for label in ("white noise", "a rising pitch sweep", "a steady pure tone")]
-    music = [_closed(rng, "Which chord is played in the audio?", name, list(CHORDS), [chord(CHORDS[name], 1.5)],
-                     "music", "chord")
-             for name in ("C major", "A minor")]
+    sound = [
+        _closed(
+            rng,
+            "Which best describes the sound in the audio?",
+            label,
+            list(SOUNDS),
+            [sound_clip(label, nrng)],
+            "sound",
+            "sound identification",
+        )
+        for label in ("white noise", "a rising pitch sweep", "a steady pure tone")
+    ]
+    music = [
+        _closed(
+            rng, "Which chord is played in the audio?", name, list(CHORDS), [chord(CHORDS[name], 1.5)], "music", "chord"
+        )
+        for name in ("C major", "A minor")
+    ]
     count = rng.choice((3, 4))
     notes = [rng.choice(list(NOTES)) for _ in range(count)]
-    music.append(_closed(rng, "How many notes are played in the audio?", ("three", "four")[count - 3],
-                         ["two", "three", "four", "five"], [sequence(notes)], "music", "counting"))
+    music.append(
+        _closed(
+            rng,
+            "How many notes are played in the audio?",
+            ("three", "four")[count - 3],
+            ["two", "three", "four", "five"],
+            [sequence(notes)],
+            "music",
+            "counting",
+        )
+    )
     multi = [
-        _closed(rng, "Which of the two clips is louder?", "the second clip", ["the first clip", "the second clip"],
-                [tone(330.0, 1.0, 0.05), tone(330.0, 1.0, 0.5)], "sound-music", "multi-audio loudness"),
-        _closed(rng, "Which of the two clips has the higher pitch?", "the first clip",
-                ["the first clip", "the second clip"], [tone(880.0, 1.0), tone(220.0, 1.0)], "sound-music",
-                "multi-audio pitch"),
+        _closed(
+            rng,
+            "Which of the two clips is louder?",
+            "the second clip",
+            ["the first clip", "the second clip"],
+            [tone(330.0, 1.0, 0.05), tone(330.0, 1.0, 0.5)],
+            "sound-music",
+            "multi-audio loudness",
+        ),
+        _closed(
+            rng,
+            "Which of the two clips has the higher pitch?",
+            "the first clip",
+            ["the first clip", "the second clip"],
+            [tone(880.0, 1.0), tone(220.0, 1.0)],
+            "sound-music",
+            "multi-audio pitch",
+        ),
     ]
     return {"sound": sound, "music": music, "sound-music": multi}
 
 
 def open_items(nrng: np.random.Generator) -> list[dict[str, Any]]:
     return [
-        {"question": "Describe what you hear in the audio.",
-         "answer": "Three notes rising in pitch: C, E and G, played one after another.",
-         "choices": [], "clips": [sequence(["C4", "E4", "G4"])], "category": "open", "sub-cat": "description"},
-        {"question": "How do the two clips differ?",
-         "answer": "The first clip is a steady tone; the second clip is noise.",
-         "choices": [], "clips": [tone(440.0, 1.0), noise(1.0, nrng)], "category": "open", "sub-cat": "comparison"},
-        {"question": "What happens to the pitch during the audio?",
-         "answer": "The pitch rises steadily from low to high.",
-         "choices": [], "clips": [sweep(150.0, 1500.0, 1.5)], "category": "open", "sub-cat": "description"},
+        {
+            "question": "Describe what you hear in the audio.",
+            "answer": "Three notes rising in pitch: C, E and G, played one after another.",
+            "choices": [],
+            "clips": [sequence(["C4", "E4", "G4"])],
+            "category": "open",
+            "sub-cat": "description",
+        },
+        {
+            "question": "How do the two clips differ?",
+            "answer": "The first clip is a steady tone; the second clip is noise.",
+            "choices": [],
+            "clips": [tone(440.0, 1.0), noise(1.0, nrng)],
+            "category": "open",
+            "sub-cat": "comparison",
+        },
+        {
+            "question": "What happens to the pitch during the audio?",
+            "answer": "The pitch rises steadily from low to high.",
+            "choices": [],
+            "clips": [sweep(150.0, 1500.0, 1.5)],
+            "category": "open",
+            "sub-cat": "description",
+        },
     ]
 
 
@@ -155,12 +227,25 @@ AIF_RULES: tuple[tuple[str, str, dict[str, Any]], ...] = (
 
 
 def aif_items(nrng: np.random.Generator) -> list[dict[str, Any]]:
-    makers = (lambda: tone(440.0, 1.0), lambda: sweep(300.0, 900.0, 1.0), lambda: noise(1.0, nrng),
-              lambda: chord(CHORDS["C major"], 1.0))
-    return [{"question": f"Describe the audio. {instruction}", "answer": "", "choices": [], "clips": [makers[i % 4]()],
-             "category": "instruction following", "sub-cat": identifier, "task_identifier": identifier,
-             "kwargs": kwargs}
-            for i, (identifier, instruction, kwargs) in enumerate(AIF_RULES)]
+    makers = (
+        lambda: tone(440.0, 1.0),
+        lambda: sweep(300.0, 900.0, 1.0),
+        lambda: noise(1.0, nrng),
+        lambda: chord(CHORDS["C major"], 1.0),
+    )
+    return [
+        {
+            "question": f"Describe the audio. {instruction}",
+            "answer": "",
+            "choices": [],
+            "clips": [makers[i % 4]()],
+            "category": "instruction following",
+            "sub-cat": identifier,
+            "task_identifier": identifier,
+            "kwargs": kwargs,
+        }
+        for i, (identifier, instruction, kwargs) in enumerate(AIF_RULES)
+    ]
 
 
 def interleave(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -175,13 +260,36 @@ def _schema():
     import pyarrow as pa
 
     text, ints = pa.string(), pa.int64()
-    kwargs = pa.struct([("keywords", text), ("keyword", text), ("N", ints), ("forbidden_words", text), ("N1", ints),
-                        ("N2", ints), ("postscript_marker", text), ("section_splitter", text),
-                        ("start_phrase", text), ("end_phrase", text)])
-    columns = [("id", text), ("audio_path", pa.list_(text)), ("question", text), ("answer", text),
-               ("choices", pa.list_(text)), ("category", text), ("task_identifier", text), ("kwargs", kwargs),
-               ("length_type", text), ("perceptual_skills", pa.list_(text)), ("reasoning_skills", pa.list_(text)),
-               ("transcription", text), ("task_classification", text), ("sub-cat", text)]
+    kwargs = pa.struct(
+        [
+            ("keywords", text),
+            ("keyword", text),
+            ("N", ints),
+            ("forbidden_words", text),
+            ("N1", ints),
+            ("N2", ints),
+            ("postscript_marker", text),
+            ("section_splitter", text),
+            ("start_phrase", text),
+            ("end_phrase", text),
+        ]
+    )
+    columns = [
+        ("id", text),
+        ("audio_path", pa.list_(text)),
+        ("question", text),
+        ("answer", text),
+        ("choices", pa.list_(text)),
+        ("category", text),
+        ("task_identifier", text),
+        ("kwargs", kwargs),
+        ("length_type", text),
+        ("perceptual_skills", pa.list_(text)),
+        ("reasoning_skills", pa.list_(text)),
+        ("transcription", text),
+        ("task_classification", text),
+        ("sub-cat", text),
+    ]
     return pa.schema(columns)
 
 
@@ -195,11 +303,20 @@ def write_rows(target: Path, items: list[dict[str, Any]], prefix: str, length_ty
         for k, clip in enumerate(item["clips"]):
             paths.append(f"data/{prefix}-{n:04d}-{k}.wav")
             write_wav(target / paths[-1], clip)
-        rows.append({"id": f"{prefix}-{n:04d}", "audio_path": paths, "task_identifier": item.get("task_identifier"),
-                     "kwargs": item.get("kwargs"), "length_type": length_type, "perceptual_skills": [],
-                     "reasoning_skills": [], "transcription": None,
-                     "task_classification": kinds.get(item["category"], "closed-ended"),
-                     **{k: item[k] for k in ("question", "answer", "choices", "category", "sub-cat")}})
+        rows.append(
+            {
+                "id": f"{prefix}-{n:04d}",
+                "audio_path": paths,
+                "task_identifier": item.get("task_identifier"),
+                "kwargs": item.get("kwargs"),
+                "length_type": length_type,
+                "perceptual_skills": [],
+                "reasoning_skills": [],
+                "transcription": None,
+                "task_classification": kinds.get(item["category"], "closed-ended"),
+                **{k: item[k] for k in ("question", "answer", "choices", "category", "sub-cat")},
+            }
+        )
     return rows
 
 
@@ -225,10 +342,20 @@ def ensure_generated(root: Path | None = None) -> Path:
 # (seconds of each clip, question, answer, choices, category, kind) of the long items, in this order first.
 LONG_ITEMS: tuple[tuple[tuple[float, ...], str, str, tuple[str, ...], str], ...] = (
     ((120.0,), "Which best describes the sound in the audio?", "a steady pure tone", tuple(SOUNDS), "sound"),
-    ((300.0,), "Describe what you hear in the audio.", "A steady tone with noise that slowly rises in pitch.", (),
-     "open"),
-    ((300.0, 300.0, 300.0), "Which of the three clips is the loudest?", "the third clip",
-     ("the first clip", "the second clip", "the third clip"), "sound-music"),
+    (
+        (300.0,),
+        "Describe what you hear in the audio.",
+        "A steady tone with noise that slowly rises in pitch.",
+        (),
+        "open",
+    ),
+    (
+        (300.0, 300.0, 300.0),
+        "Which of the three clips is the loudest?",
+        "the third clip",
+        ("the first clip", "the second clip", "the third clip"),
+        "sound-music",
+    ),
     ((200.0,), "Describe the audio. Answer in at most 8 words.", "", (), "instruction following"),
 )
 
@@ -248,10 +375,18 @@ def build_large(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
     items = []
     for durations, question, answer, choices, category in LONG_ITEMS:
         aif = category == "instruction following"
-        items.append({"question": question, "answer": answer, "choices": list(choices), "category": category,
-                      "sub-cat": "long audio", "clips": [long_clip(s, k, nrng) for k, s in enumerate(durations)],
-                      "task_identifier": "Number Words (at most)" if aif else None,
-                      "kwargs": {"N": 8} if aif else None})
+        items.append(
+            {
+                "question": question,
+                "answer": answer,
+                "choices": list(choices),
+                "category": category,
+                "sub-cat": "long audio",
+                "clips": [long_clip(s, k, nrng) for k, s in enumerate(durations)],
+                "task_identifier": "Number Words (at most)" if aif else None,
+                "kwargs": {"N": 8} if aif else None,
+            }
+        )
     rows = write_rows(target, items, "long", "long") + rows
     pq.write_table(pa.Table.from_pylist(rows, schema=_schema()), target / "test.parquet")
     return rows

@@ -15,6 +15,7 @@ Sampling at temperature 0.1 is not deterministic by itself: each item's generati
 seed + crc32(item id), so a rerun (same hardware and library versions) gives the same ratings
 regardless of item order. Results record the judge's name, dtype, temperature, token limit and seed.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,12 @@ MAX_NEW_TOKENS = 512
 SEED = 0
 DTYPE = "bfloat16"  # the official judge dtype
 # What a local copy of the official judge must say in its config.json (Qwen2.5-7B-Instruct's published shape).
-OFFICIAL_SHAPE = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "num_hidden_layers": 28,
-                  "vocab_size": 152064}
+OFFICIAL_SHAPE = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "vocab_size": 152064,
+}
 
 
 def is_official(spec: str) -> bool:
@@ -63,8 +68,10 @@ class Judge:
 
     def chat_text(self, question: str, reference: str, response: str) -> str:
         """The judge's full input text (its chat template applied)."""
-        messages = [{"role": "system", "content": JUDGE_SYSTEM},
-                    {"role": "user", "content": judge_prompt(question, reference, response)}]
+        messages = [
+            {"role": "system", "content": JUDGE_SYSTEM},
+            {"role": "user", "content": judge_prompt(question, reference, response)},
+        ]
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise RuntimeError(f"judge {self.name} has no chat template; use an instruction-tuned model")
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -77,28 +84,42 @@ class Judge:
         input_ids = input_ids.to(self.model.device)
         torch.manual_seed(self.item_seed(item_id))
         with torch.inference_mode():  # the official call: input ids only, so generate builds the mask
-            out = self.model.generate(input_ids, max_new_tokens=self.max_new_tokens, do_sample=True,
-                                      temperature=self.temperature, pad_token_id=self.tokenizer.eos_token_id)
-        text = self.tokenizer.decode(out[0, input_ids.shape[1]:], skip_special_tokens=True)
+            out = self.model.generate(
+                input_ids,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=True,
+                temperature=self.temperature,
+                pad_token_id=self.tokenizer.eos_token_id,
+            )
+        text = self.tokenizer.decode(out[0, input_ids.shape[1] :], skip_special_tokens=True)
         return text, parse_judge_scores(text)
 
     def item_seed(self, item_id: str) -> int:
         return (self.seed + zlib.crc32(item_id.encode())) % (2**31)
 
     def describe(self) -> dict[str, Any]:
-        return {"judge": self.name, "judge_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
-                "judge_temperature": self.temperature,
-                "judge_max_new_tokens": self.max_new_tokens, "judge_seed": self.seed,
-                "judge_official": is_official(self.name)}
+        return {
+            "judge": self.name,
+            "judge_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+            "judge_temperature": self.temperature,
+            "judge_max_new_tokens": self.max_new_tokens,
+            "judge_seed": self.seed,
+            "judge_official": is_official(self.name),
+        }
 
 
 def unavailable(spec: str, why: str) -> RuntimeError:
     """The error for a judge that cannot load: what is wrong, and the two ways to a judge that can."""
-    offline = "" if spec == "smollm2-135m" else (f", or set {ENV}=smollm2-135m for an offline run with a small, "
-                                                 f"non-official judge")
-    return RuntimeError(f"judge {spec!r} ({ENV}) cannot load: {why.rstrip('.')}. Download {OFFICIAL} (the official "
-                        f"judge: hf download {OFFICIAL}) on a machine with hub access and set {ENV} to its folder"
-                        f"{offline}")
+    offline = (
+        ""
+        if spec == "smollm2-135m"
+        else (f", or set {ENV}=smollm2-135m for an offline run with a small, non-official judge")
+    )
+    return RuntimeError(
+        f"judge {spec!r} ({ENV}) cannot load: {why.rstrip('.')}. Download {OFFICIAL} (the official "
+        f"judge: hf download {OFFICIAL}) on a machine with hub access and set {ENV} to its folder"
+        f"{offline}"
+    )
 
 
 def local_folder(spec: str) -> Path:
@@ -115,16 +136,15 @@ def local_folder(spec: str) -> Path:
         raise unavailable(spec, f"it is neither a local folder nor in the HF cache ({type(exc).__name__})") from exc
 
 
-def check_judge(spec: str | None = None) -> None:
+def check_judge(spec: str | None = None, models=None) -> None:
     """RuntimeError naming $MMAU_PRO_JUDGE and the fix when load_judge(spec) would fail, found without loading any
-    weights (a 7B judge loads once, when the first open-ended item is rated): a registry model's weights
-    (harness.models.check_weights), else the folder's config, weight files and chat template."""
+    weights (a 7B judge loads once, when the first open-ended item is rated): a model of `models`
+    (tasks.contract.ModelSource, the harness's registry) by its weights, else the folder's config, weight files and
+    chat template."""
     spec = spec or os.environ.get(ENV) or OFFICIAL
-    from harness.models import MODELS, check_weights
-
-    if spec in MODELS:
+    if models is not None and spec in models:
         try:
-            check_weights(spec, None, "real")
+            models.check(spec)
         except RuntimeError as exc:
             raise unavailable(spec, str(exc)) from exc
         return
@@ -141,8 +161,9 @@ def check_judge(spec: str | None = None) -> None:
     if not any(f.is_file() for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern)):
         raise unavailable(spec, f"{folder} holds no *.safetensors / *.bin weights")
     if getattr(tokenizer, "chat_template", None) is None:
-        raise unavailable(spec, "its tokenizer has no chat template (the judge prompt is a chat); use an "
-                                "instruction-tuned model")
+        raise unavailable(
+            spec, "its tokenizer has no chat template (the judge prompt is a chat); use an instruction-tuned model"
+        )
 
 
 def _load_local(spec: str, device: str | None):
@@ -161,17 +182,18 @@ def _load_local(spec: str, device: str | None):
     return model.eval(), tokenizer
 
 
-def load_judge(spec: str | None = None, device: str | None = None, seed: int = SEED,
-               max_new_tokens: int = MAX_NEW_TOKENS) -> Judge:
-    """The judge named by `spec`, else $MMAU_PRO_JUDGE, else the official Qwen2.5-7B-Instruct."""
+def load_judge(
+    spec: str | None = None,
+    device: str | None = None,
+    seed: int = SEED,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    models=None,
+) -> Judge:
+    """The judge named by `spec`, else $MMAU_PRO_JUDGE, else the official Qwen2.5-7B-Instruct: a model of `models`
+    (tasks.contract.ModelSource) by name, else a folder or a hub id in the HF cache."""
     spec = spec or os.environ.get(ENV) or OFFICIAL
-    from harness.models import MODELS
-
-    if spec in MODELS:
-        from harness.models import load
-
-        adapter = load(spec, device=device, dtype=DTYPE)
-        model, tokenizer = adapter.model, adapter.tokenizer
+    if models is not None and spec in models:
+        model, tokenizer = models.load(spec, device=device, dtype=DTYPE)
     else:
         model, tokenizer = _load_local(spec, device)
     if tokenizer.pad_token is None:

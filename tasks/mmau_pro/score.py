@@ -19,6 +19,7 @@ One metric of ours sits beside the official ones, under its own name: `closed_le
 option's text before embedding (`map_letter`). RULES says which rule produced each metric.
 All functions here are pure.
 """
+
 from __future__ import annotations
 
 import json
@@ -70,9 +71,9 @@ RULES = {
     "open_ended": f"{OFFICIAL_RULE}: mean judge OVERALL / 5 x 100 over every open item, a missing answer judged as ''",
     "good_rate": f"{OFFICIAL_RULE}: share x 100 of open items with OVERALL >= 4",
     "aif": f"{OFFICIAL_RULE}: share x 100 of AIF items passing their check, a missing answer checked as 'None', "
-           "an unknown task_identifier failing, None kwargs passed through; sentences by NLTK English punkt_tab",
+    "an unknown task_identifier failing, None kwargs passed through; sentences by NLTK English punkt_tab",
     "closed": f"{OFFICIAL_RULE}: accuracy x 100 over closed items, the raw answer (a missing one as '') embedded "
-              "against the choices, most similar choice picked",
+    "against the choices, most similar choice picked",
     "overall": f"{OFFICIAL_RULE}: item-count-weighted mean of the category scores x 100",
     "closed_letters_mapped": f"{LETTERS_RULE}; otherwise as closed",
     "overall_letters_mapped": f"{LETTERS_RULE}; otherwise as overall",
@@ -80,7 +81,7 @@ RULES = {
 
 
 def kind(item: dict[str, Any]) -> str:
-    """"open", "aif" or "closed" (closed needs more than one choice, as officially)."""
+    """ "open", "aif" or "closed" (closed needs more than one choice, as officially)."""
     if item["category"] == OPEN:
         return "open"
     if item["category"] == AIF:
@@ -121,8 +122,10 @@ def parse_judge_scores(text: str) -> dict[str, float]:
 
 # An option label at the start: "B", "B.", "B)", "B:", "(B)", optionally after "Answer:" / "answer is".
 # The letter must be upper case and followed by punctuation or the end, so "A dog barks" is prose.
-_LETTER = re.compile(r"^\s*(?:(?i:the\s+)?(?i:answer)(?i:\s+is)?\s*[:\-]?\s*)?"
-                     r"(?:\(([A-Z])\)|([A-Z])(?:[.):](?=\s|$)|\s*$))")
+_LETTER = re.compile(
+    r"^\s*(?:(?i:the\s+)?(?i:answer)(?i:\s+is)?\s*[:\-]?\s*)?"
+    r"(?:\(([A-Z])\)|([A-Z])(?:[.):](?=\s|$)|\s*$))"
+)
 
 
 def map_letter(prediction: str, choices: Sequence[str]) -> tuple[str, int | None]:
@@ -156,8 +159,12 @@ def _category_summary(kind_name: str, records: list[dict[str, Any]]) -> dict[str
     if kind_name == "open":
         overall = [r["scores"]["overall"] for r in records]
         mean = sum(overall) / n
-        out.update(score=mean / 5 * 100, open_ended=mean / 5 * 100, avg_overall=mean,
-                   good_rate=100 * sum(o >= GOOD for o in overall) / n)
+        out.update(
+            score=mean / 5 * 100,
+            open_ended=mean / 5 * 100,
+            avg_overall=mean,
+            good_rate=100 * sum(o >= GOOD for o in overall) / n,
+        )
     elif kind_name == "aif":
         out["score"] = 100 * sum(r["scores"]["passed"] for r in records) / n
         out["n_noted"] = sum(1 for r in records if r.get("note"))  # unknown identifier, check raised
@@ -199,8 +206,10 @@ def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         elif r.get("unscored"):  # a random-weight model's closed / open answer (MMAUProTask.model_scoring)
             unscored += 1
         elif "scores" not in r:
-            raise ValueError(f"MMAU-Pro record {r.get('id')!r} has no scores; every row is scored officially "
-                             "(re-score old results with python -m tasks.mmau_pro.rescore)")
+            raise ValueError(
+                f"MMAU-Pro record {r.get('id')!r} has no scores; every row is scored officially "
+                "(re-score old results with python -m harness.rescore)"
+            )
         else:
             by_category.setdefault(r["category"], []).append(r)
     categories = {c: _category_summary(rs[0]["kind"], rs) for c, rs in sorted(by_category.items())}

@@ -4,12 +4,13 @@ Prompt: the bare question (stripped, as lmms-eval does) with the image; greedy d
 128 new tokens (lmms-eval's setting). Scoring: tasks.ocrbench.score (the official rule).
 VERSION is bumped whenever the prompt or the metric changes; results record it.
 """
+
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 from tasks.base import TaskDataError
+from tasks.contract import Generate, Prompt, Response
 from tasks.ocrbench import data as ocr_data
 from tasks.ocrbench import score
 
@@ -22,28 +23,17 @@ def prompt_text(item: dict[str, Any]) -> str:
     return item["question"].strip()
 
 
-def _generation_record(generation) -> dict[str, Any]:
-    """The cost figures of one adapter.generate call (harness.models.base.Generation)."""
+def generation_fields(response: Response) -> dict[str, Any]:
+    """A generate response's figures as a record keeps them (tasks/contract.py: Response)."""
     return {
-        "modality_tokens": dict(generation.modality_tokens),
-        "kv_bytes": dict(generation.kv_bytes),
-        "input_tokens": generation.input_tokens,
-        "new_tokens": generation.new_tokens,
-        "tokens_sha1": generation.tokens_sha1,
-        "wall_s": generation.wall_s,
-        "graph_steps": generation.graph_steps,
+        "modality_tokens": dict(response.modality_tokens),
+        "kv_bytes": dict(response.kv_bytes),
+        "input_tokens": response.input_tokens,
+        "new_tokens": response.new_tokens,
+        "tokens_sha1": response.tokens_sha1,
+        "wall_s": response.wall_s,
+        "graph_steps": response.graph_steps,
     }
-
-
-def generate_or_error(adapter, prompt, method, item_id: str, max_new_tokens: int):
-    """(Generation, None) or (None, error text): a failing generate becomes a recorded per-item
-    failure naming the item and the exception, never an empty answer."""
-    try:
-        return adapter.generate(prompt, method, max_new_tokens=max_new_tokens), None
-    except Exception as exc:  # one bad item must not end a 1000-item run; the error is kept
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        return None, (f"item {item_id}: generation failed: {type(exc).__name__}: {exc} "
-                      f"(at {where.filename}:{where.lineno})")
 
 
 class OCRBenchTask:
@@ -60,37 +50,33 @@ class OCRBenchTask:
         items = ocr_data.load_items(data, limit)
         unknown = sorted({i["question_type"] for i in items} - set(score.CATEGORIES))
         if unknown:
-            raise TaskDataError(f"OCRBench items with unknown question_type {unknown}; "
-                                f"expected {list(score.CATEGORIES)}")
+            raise TaskDataError(
+                f"OCRBench items with unknown question_type {unknown}; expected {list(score.CATEGORIES)}"
+            )
         return items
 
-    def build_prompt(self, item: dict[str, Any]):
-        """harness.models.base.Prompt for `item`; raises TaskDataError for an unreadable image."""
-        from harness.models.base import Prompt
-
-        return Prompt(text=prompt_text(item), images=[ocr_data.open_image(item)])
-
-    def run_item(self, adapter, method, item: dict[str, Any]) -> dict[str, Any]:
-        """{"id", "prediction", "scores": {"score": 0|1}, "category", "dataset", "answers", cost
-        figures} or {"id", "category", "error"} for an item that cannot run."""
-        base = {"id": item["id"], "category": item["question_type"], "dataset": item["dataset"]}
+    def requests(self, item: dict[str, Any]) -> list[Generate]:
+        """The question with the item's image; TaskDataError for an unreadable image or an item without answers."""
         if not item["answers"]:
-            return {**base, "error": f"item {item['id']}: empty answer list; the item cannot be scored (fix the data)"}
-        try:
-            prompt = self.build_prompt(item)
-        except TaskDataError as exc:
-            return {**base, "error": str(exc)}
-        generation, error = generate_or_error(adapter, prompt, method, item["id"], self.max_new_tokens)
+            raise TaskDataError(f"item {item['id']}: empty answer list; the item cannot be scored (fix the data)")
+        prompt = Prompt(text=prompt_text(item), images=[ocr_data.open_image(item)])
+        return [Generate(prompt, self.max_new_tokens)]
+
+    def record(self, item: dict[str, Any], responses: list[Response], error: str | None = None) -> dict[str, Any]:
+        """{"id", "prediction", "scores": {"score": 0|1}, "category", "dataset", "answers", cost
+        figures} or {"id", "category", "dataset", "error"} for an item that could not run."""
+        base = {"id": item["id"], "category": item["question_type"], "dataset": item["dataset"]}
+        error = error or (responses[0].error and f"item {item['id']}: {responses[0].error}")
         if error:
             return {**base, "error": error}
-        prediction = generation.text
+        prediction = responses[0].text
         return {
             **base,
             "prediction": prediction,
             "answers": list(item["answers"]),
             "scores": {"score": score.score_sample(prediction, item["answers"], item["dataset"])},
             "empty_prediction": not prediction.strip(),
-            **_generation_record(generation),
+            **generation_fields(responses[0]),
         }
 
     def aggregate(self, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -101,8 +87,12 @@ class OCRBenchTask:
 
     def describe(self) -> dict[str, Any]:
         """Settings a result should record besides the version."""
-        return {"prompt": "bare question", "decoding": "greedy", "max_new_tokens": self.max_new_tokens,
-                "scorer": "official OCRBench/example.py rule (no full-width folding)"}
+        return {
+            "prompt": "bare question",
+            "decoding": "greedy",
+            "max_new_tokens": self.max_new_tokens,
+            "scorer": "official OCRBench/example.py rule (no full-width folding)",
+        }
 
 
 TASK = OCRBenchTask()

@@ -14,6 +14,7 @@ Every loader returns items in file order, each a dict:
    "answers": list[str], "image": {"bytes": bytes} | {"path": str}}
 Images are decoded only when an item runs, so one unreadable image fails that item, not the load.
 """
+
 from __future__ import annotations
 
 import glob
@@ -43,8 +44,14 @@ def load_items(data: str | None, limit: int | None = None) -> list[dict[str, Any
     the real image sizes, else a path)."""
     from tasks.ocrbench.generate import ensure_generated, ensure_generated_large
 
-    return common.load_items(data, limit, load_path=load_path, load_official=load_official, generated=ensure_generated,
-                             generated_large=ensure_generated_large)
+    return common.load_items(
+        data,
+        limit,
+        load_path=load_path,
+        load_official=load_official,
+        generated=ensure_generated,
+        generated_large=ensure_generated_large,
+    )
 
 
 def load_official() -> list[dict[str, Any]]:
@@ -83,7 +90,7 @@ def _hub_row_to_item(index: int, row: dict[str, Any], where: str) -> dict[str, A
     elif isinstance(image, dict) and image.get("path"):
         image = {"path": image["path"]}
     else:
-        image = {"bytes": b""}  # run_item reports it as unreadable
+        image = {"bytes": b""}  # requests() reports it as unreadable
     answers = row["answer"]
     return {
         "id": f"ocrbench-{index:04d}",
@@ -115,7 +122,7 @@ def load_saved_dataset(path: Path) -> list[dict[str, Any]]:
             raise TaskDataError(f"saved dataset {str(path)!r} has splits {list(ds)}, not 'test'; {HOW_TO}")
         ds = ds["test"]
     if "image" in ds.column_names:
-        ds = ds.cast_column("image", datasets.Image(decode=False))  # decode per item, in run_item
+        ds = ds.cast_column("image", datasets.Image(decode=False))  # decode per item, in requests()
     return [_hub_row_to_item(i, row, str(path)) for i, row in enumerate(ds)]
 
 
@@ -125,8 +132,13 @@ def _image_root(json_path: Path, records: list[dict[str, Any]]) -> Path:
     if os.environ.get(ENV_IMAGES):
         return Path(os.environ[ENV_IMAGES]).expanduser()
     here = json_path.parent
-    candidates = [here, here / "OCRBench_Images", here.parent / "OCRBench_Images", here.parent,
-                  here.parent.parent / "OCRBench_Images"]
+    candidates = [
+        here,
+        here / "OCRBench_Images",
+        here.parent / "OCRBench_Images",
+        here.parent,
+        here.parent.parent / "OCRBench_Images",
+    ]
     probe = [r["image_path"] for r in records[:10] if "image_path" in r]
     best = max(candidates, key=lambda c: sum((c / p).exists() for p in probe))
     if probe and not any((best / p).exists() for p in probe):

@@ -7,6 +7,7 @@ with several fonts (matplotlib's bundled DejaVu / Computer Modern / STIX files a
 font), sizes, rotations, colours and Gaussian noise. Everything comes from one seed, so the same
 bytes come out every time on one Pillow/numpy/matplotlib install; the folder is rebuilt when missing.
 """
+
 from __future__ import annotations
 
 import io
@@ -47,8 +48,17 @@ def _font(rng: random.Random, files: tuple[str, ...], size: int, builtin_ok: boo
     return ImageFont.truetype(str(Path(matplotlib.get_data_path()) / "fonts" / "ttf" / rng.choice(files)), size)
 
 
-def render(lines: list[str], font, fg=(0, 0, 0), bg=(255, 255, 255), rotation: float = 0.0,
-           noise: float = 0.0, stroke: int = 0, jitter: int = 0, seed: int = 0) -> bytes:
+def render(
+    lines: list[str],
+    font,
+    fg=(0, 0, 0),
+    bg=(255, 255, 255),
+    rotation: float = 0.0,
+    noise: float = 0.0,
+    stroke: int = 0,
+    jitter: int = 0,
+    seed: int = 0,
+) -> bytes:
     """Draw `lines` (top to bottom) and return PNG bytes.
 
     rotation: degrees, counter-clockwise, canvas expanded; noise: std of additive Gaussian pixel
@@ -69,8 +79,14 @@ def render(lines: list[str], font, fg=(0, 0, 0), bg=(255, 255, 255), rotation: f
         x = pad
         for ch in line if jitter else [line]:
             dy = int(rng.integers(-jitter, jitter + 1)) if jitter else 0
-            draw.text((x - box[0], y - box[1] + dy), ch, font=font, fill=fg,
-                      stroke_width=stroke, stroke_fill=tuple(255 - c for c in fg))
+            draw.text(
+                (x - box[0], y - box[1] + dy),
+                ch,
+                font=font,
+                fill=fg,
+                stroke_width=stroke,
+                stroke_fill=tuple(255 - c for c in fg),
+            )
             x += font.getlength(ch)
         y += box[3] - box[1] + gap
     if rotation:
@@ -91,23 +107,38 @@ READ = "what is written in the image?"
 def _regular(rng, i):
     word = rng.choice(WORDS)
     word = word.upper() if i % 2 else word
-    return (("IIIT5K", "svt", "IC13_857")[i % 3], READ, [word], [word],
-            {"font": _font(rng, FONT_FILES, rng.choice((28, 34, 40)))})
+    return (
+        ("IIIT5K", "svt", "IC13_857")[i % 3],
+        READ,
+        [word],
+        [word],
+        {"font": _font(rng, FONT_FILES, rng.choice((28, 34, 40)))},
+    )
 
 
 def _irregular(rng, i):
     word = rng.choice(WORDS).upper()
     angle = rng.choice((-1, 1)) * rng.uniform(12, 30)
-    return (("IC15_1811", "svtp", "ct80")[i % 3], READ, [word], [word],
-            {"font": _font(rng, FONT_FILES, 32), "rotation": angle, "noise": 14.0})
+    return (
+        ("IC15_1811", "svtp", "ct80")[i % 3],
+        READ,
+        [word],
+        [word],
+        {"font": _font(rng, FONT_FILES, 32), "rotation": angle, "noise": 14.0},
+    )
 
 
 def _artistic(rng, i):
     word = rng.choice(WORDS)
     fg = (rng.randrange(120, 256), rng.randrange(0, 90), rng.randrange(40, 200))
     bg = (rng.randrange(0, 60), rng.randrange(30, 90), rng.randrange(60, 120))
-    return ("WordArt", READ, [word], [word.upper()],
-            {"font": _font(rng, BOLD_FONT_FILES, 44), "fg": fg, "bg": bg, "stroke": 2, "rotation": rng.uniform(-6, 6)})
+    return (
+        "WordArt",
+        READ,
+        [word],
+        [word.upper()],
+        {"font": _font(rng, BOLD_FONT_FILES, 44), "fg": fg, "bg": bg, "stroke": 2, "rotation": rng.uniform(-6, 6)},
+    )
 
 
 def _handwriting(rng, i):
@@ -117,8 +148,13 @@ def _handwriting(rng, i):
 
 def _digits(rng, i):
     digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(4, 8)))
-    return ("ORAND", "what is the number in the image?", [digits], [digits],
-            {"font": _font(rng, ITALIC_FONT_FILES + FONT_FILES, 34), "noise": 8.0, "jitter": 2})
+    return (
+        "ORAND",
+        "what is the number in the image?",
+        [digits],
+        [digits],
+        {"font": _font(rng, ITALIC_FONT_FILES + FONT_FILES, 34), "noise": 8.0, "jitter": 2},
+    )
 
 
 def _non_semantic(rng, i):
@@ -129,36 +165,58 @@ def _non_semantic(rng, i):
 def _scene_vqa(rng, i):
     name = rng.choice(NAMES)
     kind = rng.choice(("cafe", "bakery", "books"))
-    return (("STVQA", "textVQA", "ocrVQA")[i % 3], f"what is the name of the {kind}?",
-            [name, f"{name} {kind}"], ["OPEN DAILY", f"{name.upper()} {kind.upper()}"],
-            {"font": _font(rng, BOLD_FONT_FILES, 30), "fg": (250, 250, 240), "bg": (20, 70, 40),
-             "rotation": rng.uniform(-4, 4), "noise": 10.0})
+    return (
+        ("STVQA", "textVQA", "ocrVQA")[i % 3],
+        f"what is the name of the {kind}?",
+        [name, f"{name} {kind}"],
+        ["OPEN DAILY", f"{name.upper()} {kind.upper()}"],
+        {
+            "font": _font(rng, BOLD_FONT_FILES, 30),
+            "fg": (250, 250, 240),
+            "bg": (20, 70, 40),
+            "rotation": rng.uniform(-4, 4),
+            "noise": 10.0,
+        },
+    )
 
 
 def _doc_vqa(rng, i):
     number = str(rng.randint(10000, 99999))
     date = f"{rng.randint(1, 28):02d}/{rng.randint(1, 12):02d}/20{rng.randint(10, 24)}"
     lines = ["INVOICE", f"Invoice No: {number}", f"Date: {date}", f"Bill to: {rng.choice(NAMES).title()} Ltd."]
-    return (("docVQA", "infographicVQA", "ChartQA")[i % 3], "What is the invoice number?", [number], lines,
-            {"font": _font(rng, FONT_FILES, 20)})
+    return (
+        ("docVQA", "infographicVQA", "ChartQA")[i % 3],
+        "What is the invoice number?",
+        [number],
+        lines,
+        {"font": _font(rng, FONT_FILES, 20)},
+    )
 
 
 def _kie(rng, i):
     items = [(rng.choice(WORDS).upper(), rng.randint(100, 2000) / 100) for _ in range(3)]
     total = f"{sum(p for _, p in items):.2f}"
     lines = [f"{rng.choice(NAMES).upper()} STORE"] + [f"{w:<10} {p:>7.2f}" for w, p in items] + [f"TOTAL {total:>12}"]
-    return (("SROIE", "FUNSD", "POIE")[i % 3],
-            "what is the total amount of this receipt? Answer this question using the text in the image directly.",
-            [total], lines, {"font": _font(rng, ("DejaVuSansMono.ttf",), 18), "noise": 5.0})
+    return (
+        ("SROIE", "FUNSD", "POIE")[i % 3],
+        "what is the total amount of this receipt? Answer this question using the text in the image directly.",
+        [total],
+        lines,
+        {"font": _font(rng, ("DejaVuSansMono.ttf",), 18), "noise": 5.0},
+    )
 
 
 def _hme(rng, i):
     a, b, c = rng.randint(2, 9), rng.randint(1, 9), rng.randint(10, 99)
     shown = f"{a}x² + {b} = {c}"
     latex = f"{a} x ^ {{ 2 }} + {b} = {c}"
-    return ("HME100k", "Please write out the expression of the formula in the image using LaTeX format.",
-            [latex], [shown],
-            {"font": _font(rng, ("DejaVuSerif-Italic.ttf", "DejaVuSans.ttf"), 36, builtin_ok=False), "jitter": 2})
+    return (
+        "HME100k",
+        "Please write out the expression of the formula in the image using LaTeX format.",
+        [latex],
+        [shown],
+        {"font": _font(rng, ("DejaVuSerif-Italic.ttf", "DejaVuSans.ttf"), 36, builtin_ok=False), "jitter": 2},
+    )
 
 
 MAKERS: dict[str, Maker] = {
@@ -187,8 +245,16 @@ def build(target: Path, seed: int = SEED, per_category: int = ITEMS_PER_CATEGORY
             png = render(lines, seed=rng.randrange(2**31), **options)
             (target / "OCRBench_Images" / rel).write_bytes(png)
             answer_field: str | list[str] = answers[0] if len(answers) == 1 else answers  # both forms occur officially
-            records.append({"dataset_name": source, "id": len(records), "image_path": rel,
-                            "question": question, "answers": answer_field, "type": category})
+            records.append(
+                {
+                    "dataset_name": source,
+                    "id": len(records),
+                    "image_path": rel,
+                    "question": question,
+                    "answers": answer_field,
+                    "type": category,
+                }
+            )
     (target / "OCRBench.json").write_text(json.dumps(records, indent=1, ensure_ascii=False), encoding="utf-8")
     (target / COMPLETE_MARKER).write_text(str(GENERATOR_VERSION))
     return records
@@ -205,8 +271,12 @@ def ensure_generated(root: Path | None = None) -> Path:
 # the pixels (Qwen3-VL: one per 32 x 32 block; LLaVA-NeXT anyres: up to 5 tiles of 576), so these items carry the
 # real benchmark's prompt lengths: what memory and speed depend on.
 PAGE_SIZES = ((1024, 768), (762, 1000), (1000, 1800), (1700, 2200))
-PAGE_CATEGORIES = ("Scene Text-centric VQA", "Doc-oriented VQA", "Key Information Extraction",
-                   "Regular Text Recognition")
+PAGE_CATEGORIES = (
+    "Scene Text-centric VQA",
+    "Doc-oriented VQA",
+    "Key Information Extraction",
+    "Regular Text Recognition",
+)
 
 
 def render_on_page(lines: list[str], font, size: tuple[int, int], seed: int, **options) -> bytes:
@@ -239,8 +309,15 @@ def build_large(target: Path, seed: int = SEED) -> list[dict[str, Any]]:
             (target / "OCRBench_Images" / source).mkdir(parents=True, exist_ok=True)
             png = render_on_page(lines, font, size, seed=rng.randrange(2**31), **options)
             (target / "OCRBench_Images" / rel).write_bytes(png)
-            pages.append({"dataset_name": source, "image_path": rel, "question": question,
-                          "answers": answers[0] if len(answers) == 1 else answers, "type": category})
+            pages.append(
+                {
+                    "dataset_name": source,
+                    "image_path": rel,
+                    "question": question,
+                    "answers": answers[0] if len(answers) == 1 else answers,
+                    "type": category,
+                }
+            )
     records = pages + build(target, seed)
     for i, record in enumerate(records):
         record["id"] = i

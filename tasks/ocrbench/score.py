@@ -11,6 +11,7 @@ Scores are summed per category (10 categories, 1000 items in the real set) and i
 lmms-eval's copy, nothing here accumulates in module state, and full-width characters are not folded.
 All functions are pure.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence

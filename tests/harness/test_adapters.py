@@ -3,6 +3,7 @@
 Prompts are long enough (> 128 positions) that every quantizing method stores part of the prefill in
 packed codes, so decoding attends over quantized keys and values.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,10 @@ import torch
 from PIL import Image, ImageDraw
 
 import quant
-from harness.models import tiny
-from harness.models.base import AUDIO, IMAGE, TEXT, Prompt
+from harness.models import tiny, traits_of
+from harness.models.base import AUDIO, IMAGE, TEXT, cache_argument
+from harness.runner import Runner, answer
+from tasks.contract import Prompt
 
 QUESTION = "Read every word printed on the sign in this picture and say what colour the sign is. " * 2
 FAMILIES = ("llava", "qwen3_vl", "qwen3_omni")
@@ -43,7 +46,7 @@ def voice(seconds: float = 4.0) -> np.ndarray:
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def adapter(request):
-    return tiny.build(request.param)
+    return tiny(request.param)
 
 
 def prompt_for(adapter) -> Prompt:
@@ -59,15 +62,35 @@ def media_code(adapter) -> int:
 def first_steps(adapter, inputs, cache):
     """Greedy 2-token generation: (new ids [1, 2], logits of the first decode step [1, V])."""
     with torch.inference_mode():
-        out = adapter.generator.generate(**inputs, past_key_values=cache, max_new_tokens=2, do_sample=False,
-                                         output_logits=True, return_dict_in_generate=True)
-    return out.sequences[:, inputs["input_ids"].shape[1]:], out.logits[1]
+        out = adapter.generator.generate(
+            **inputs,
+            **cache_argument(cache),
+            max_new_tokens=2,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return out.sequences[:, inputs["input_ids"].shape[1] :], out.logits[1]
+
+
+def runner(adapter, method):
+    """The eval loop's runner for `method` (a preset name) on the tiny model."""
+    return Runner(adapter, quant.get_method(method), traits=traits_of(adapter.spec.name))
+
+
+def new_ids(adapter, inputs, cache, max_new_tokens: int):
+    """Greedy new token ids [1, new] with `cache` (None: the model's own DynamicCache)."""
+    with torch.inference_mode():
+        out = adapter.generator.generate(
+            **inputs, **cache_argument(cache), max_new_tokens=max_new_tokens, do_sample=False
+        )
+    return out[:, inputs["input_ids"].shape[1] :]
 
 
 @pytest.mark.parametrize("method", quant.list_methods())
 def test_generate_every_method(adapter, method):
     prompt = prompt_for(adapter)
-    gen = adapter.generate(prompt, quant.get_method(method), max_new_tokens=6)
+    [gen] = answer(adapter, [prompt], method, max_new_tokens=6)
     assert gen.input_tokens > 128, "the prompt must be long enough to quantize part of the prefill"
     assert gen.new_tokens == 6 and isinstance(gen.text, str)
     media = "audio" if media_code(adapter) == AUDIO else "image"
@@ -81,8 +104,9 @@ def test_generate_every_method(adapter, method):
 def test_bf16_matches_default_cache_tokens(adapter):
     prompt = prompt_for(adapter)
     inputs = adapter.build_inputs(prompt)
-    reference = adapter.generate_ids(inputs, None, max_new_tokens=12)
-    ours = adapter.generate_ids(inputs, adapter.make_cache(quant.get_method("bf16"), inputs), max_new_tokens=12)
+    reference = new_ids(adapter, inputs, None, 12)
+    with runner(adapter, "bf16") as bf16:
+        ours = new_ids(adapter, inputs, bf16.make_cache(inputs), 12)
     assert torch.equal(reference, ours)
 
 
@@ -93,12 +117,14 @@ def test_first_decode_step_after_quantized_prefill(adapter):
     inputs = adapter.build_inputs(prompt_for(adapter))
     length = inputs["input_ids"].shape[1]
     ref_ids, ref_logits = first_steps(adapter, inputs, None)
-    bf16_ids, bf16_logits = first_steps(adapter, inputs, adapter.make_cache(quant.get_method("bf16"), inputs))
+    with runner(adapter, "bf16") as bf16:
+        bf16_ids, bf16_logits = first_steps(adapter, inputs, bf16.make_cache(inputs))
     assert torch.equal(ref_ids, bf16_ids)
     torch.testing.assert_close(bf16_logits, ref_logits, rtol=0, atol=1e-5)
 
-    cache = adapter.make_cache(quant.get_method("oscar"), inputs)
-    ids, logits = first_steps(adapter, inputs, cache)
+    with runner(adapter, "oscar") as oscar:
+        cache = oscar.make_cache(inputs)
+        ids, logits = first_steps(adapter, inputs, cache)
     assert cache.get_seq_length() == length + 1  # prompt + first generated token (the second is not fed)
     assert cache.layers[0].k_q.num_tokens == (length // 128) * 128
     cos = torch.nn.functional.cosine_similarity(logits.float(), ref_logits.float(), dim=-1).item()
@@ -113,8 +139,8 @@ def test_modality_tags_match_placeholders(adapter):
     placeholder = {v: k for k, v in adapter.token_modality().items()}[code]
     assert torch.equal(tags == code, ids == placeholder)
     assert torch.equal(tags == TEXT, ids != placeholder)
-    cache = adapter.make_cache(quant.get_method("oscar"), inputs)
-    assert torch.equal(cache.modalities, tags)
+    with runner(adapter, "oscar") as oscar:
+        assert torch.equal(oscar.make_cache(inputs).modalities, tags)
 
 
 def test_placeholder_count_follows_the_processor(adapter):
@@ -137,7 +163,7 @@ def test_placeholder_count_follows_the_processor(adapter):
 
 
 def test_wrong_modality_is_a_clear_error():
-    llava = tiny.build("llava")
+    llava = tiny("llava")
     with pytest.raises(ValueError, match="audio"):
         llava.build_inputs(Prompt("hi", audios=[voice(1.0)]))
 
@@ -159,21 +185,22 @@ def save_like_a_checkpoint(adapter, path):
     (path / "chat_template.jinja").write_text(adapter.processor.chat_template)
 
 
-@pytest.mark.parametrize("family, name", [("llava", "llava-v1.6-7b"), ("qwen3_vl", "qwen3-vl-4b"),
-                                          ("qwen3_omni", "qwen3-omni-30b-a3b")])
+@pytest.mark.parametrize(
+    "family, name", [("llava", "llava-v1.6-7b"), ("qwen3_vl", "qwen3-vl-4b"), ("qwen3_omni", "qwen3-omni-30b-a3b")]
+)
 def test_registry_load_from_model_path(tmp_path, family, name):
     """The real loading path (registry -> Adapter.load -> processor without torchvision) on a saved
     replica gives the same inputs and tokens as the replica itself."""
     from harness.models import load
 
-    replica = tiny.build(family)
+    replica = tiny(family)
     save_like_a_checkpoint(replica, tmp_path)
     loaded = load(name, model_path=str(tmp_path), dtype="float32")
     loaded.max_image_tokens = getattr(replica, "max_image_tokens", None)  # the replica's small image budget
     prompt = prompt_for(replica)
     a, b = replica.build_inputs(prompt), loaded.build_inputs(prompt)
     assert torch.equal(a["input_ids"], b["input_ids"])
-    assert torch.equal(replica.generate_ids(a, None, 4), loaded.generate_ids(b, None, 4))
+    assert torch.equal(new_ids(replica, a, None, 4), new_ids(loaded, b, None, 4))
 
 
 def test_missing_weights_name_the_hub_id_and_the_fix(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """`oscar-eval bench-check`: the kernel issue's targets read from a bench JSON, and speed regressions between two bench
 JSONs. Exact values come from small files the tests build; the committed reference (results/bench/h100.json) is read
 for what must hold of any reference: it loads, its targets are its own speedups, and it compares clean with itself."""
+
 import copy
 import json
 import re
@@ -18,32 +19,68 @@ COPY_BW = 3.0e12
 
 def kernel(batch, ctx, speed, speed_clean, ceiling=None, ceiling_clean=None, **extra):
     """One decode point of harness.bench's JSON: the graph speedups against the best BF16 and their ceilings."""
-    return {"shape": "qwen3-8b", "batch": batch, "context": ctx, "speedup_cuda_graph": speed,
-            "speedup_cuda_graph_clean": speed_clean, "ceiling_speedup": ceiling, "ceiling_speedup_clean": ceiling_clean,
-            **extra}
+    return {
+        "shape": "qwen3-8b",
+        "batch": batch,
+        "context": ctx,
+        "speedup_cuda_graph": speed,
+        "speedup_cuda_graph_clean": speed_clean,
+        "ceiling_speedup": ceiling,
+        "ceiling_speedup_clean": ceiling_clean,
+        **extra,
+    }
 
 
 def bench_file(device="NVIDIA H100 80GB HBM3"):
     """A bench JSON with one shape, chosen so each status occurs (see test_targets_of_a_built_file)."""
-    return {"date": "20260101T000000Z", "environment": {"device": device}, "copy_bandwidth_Bps": COPY_BW,
-            "kernels": [
-                # floors of 40 / 35 us over 1e8 packed bytes: bandwidth ceilings 0.833 / 0.952 of the copy bandwidth
-                kernel(1, 131072, 3.67, 3.61, 4.38, 4.76, bw_frac_cuda_graph=0.70, bw_frac_cuda_graph_clean=0.80,
-                       oscar_bytes=1e8, floor_read_us=40.0, floor_read_clean_us=35.0, pack_prefill_bw_frac=0.58,
-                       oscar_cuda_graph_us=60.0, oscar_cuda_graph_clean_us=55.0, oscar_triton_graph_us=130.0,
-                       sdpa_flash_clean=230.0, pack_prefill_us=400.0, pack_block128_us=12.0),
-                kernel(16, 32768, 4.6, 4.7, bw_frac_cuda_graph=0.85, bw_frac_cuda_graph_clean=0.90,
-                       pack_step_frac_of_cuda_attention=0.001, oscar_cuda_graph_us=200.0),
-                kernel(64, 4096, 3.4, 3.6, oscar_cuda_graph_us=90.0),
-                kernel(1, 4096, 1.4, 1.3, oscar_cuda_graph_us=14.0, oscar_cuda_graph_clean_us=14.0,
-                       pack_prefill_us=20.0),
-                kernel(1, 32768, 2.0, 2.1, pack_step_frac_of_cuda_attention=0.2),
-            ],
-            "e2e": [{"kind": "bf16", "batch": 1, "context": 131072, "graph_step_ms": 12.3246, "kv_bytes": 19368050688},
-                    {"kind": "oscar", "batch": 1, "context": 131072, "graph_step_ms": 7.5839, "kv_bytes": 3672299520},
-                    {"kind": "bf16", "batch": 3, "context": 131072, "largest": True, "graph_tokens_per_s": 100.0},
-                    {"kind": "oscar", "batch": 17, "context": 131072, "largest": True, "graph_tokens_per_s": 502.0}],
-            "generate": [{"kind": "oscar", "context": 4096, "decode_ms_per_token": 7.0}]}
+    return {
+        "date": "20260101T000000Z",
+        "environment": {"device": device},
+        "copy_bandwidth_Bps": COPY_BW,
+        "kernels": [
+            # floors of 40 / 35 us over 1e8 packed bytes: bandwidth ceilings 0.833 / 0.952 of the copy bandwidth
+            kernel(
+                1,
+                131072,
+                3.67,
+                3.61,
+                4.38,
+                4.76,
+                bw_frac_cuda_graph=0.70,
+                bw_frac_cuda_graph_clean=0.80,
+                oscar_bytes=1e8,
+                floor_read_us=40.0,
+                floor_read_clean_us=35.0,
+                pack_prefill_bw_frac=0.58,
+                oscar_cuda_graph_us=60.0,
+                oscar_cuda_graph_clean_us=55.0,
+                oscar_triton_graph_us=130.0,
+                sdpa_flash_clean=230.0,
+                pack_prefill_us=400.0,
+                pack_block128_us=12.0,
+            ),
+            kernel(
+                16,
+                32768,
+                4.6,
+                4.7,
+                bw_frac_cuda_graph=0.85,
+                bw_frac_cuda_graph_clean=0.90,
+                pack_step_frac_of_cuda_attention=0.001,
+                oscar_cuda_graph_us=200.0,
+            ),
+            kernel(64, 4096, 3.4, 3.6, oscar_cuda_graph_us=90.0),
+            kernel(1, 4096, 1.4, 1.3, oscar_cuda_graph_us=14.0, oscar_cuda_graph_clean_us=14.0, pack_prefill_us=20.0),
+            kernel(1, 32768, 2.0, 2.1, pack_step_frac_of_cuda_attention=0.2),
+        ],
+        "e2e": [
+            {"kind": "bf16", "batch": 1, "context": 131072, "graph_step_ms": 12.3246, "kv_bytes": 19368050688},
+            {"kind": "oscar", "batch": 1, "context": 131072, "graph_step_ms": 7.5839, "kv_bytes": 3672299520},
+            {"kind": "bf16", "batch": 3, "context": 131072, "largest": True, "graph_tokens_per_s": 100.0},
+            {"kind": "oscar", "batch": 17, "context": 131072, "largest": True, "graph_tokens_per_s": 502.0},
+        ],
+        "generate": [{"kind": "oscar", "context": 4096, "decode_ms_per_token": 7.0}],
+    }
 
 
 def write(path: Path, data: dict) -> str:
@@ -92,28 +129,37 @@ def test_targets_of_the_reference_are_its_own_speedups():
             batch, _, ctx = r["target"].split()[1:4]
             point = bc.kernel_row(data, r["shape"], int(batch), int(ctx[:-1]) * 1024)
             assert (r["dirty"], r["clean"]) == (point["speedup_cuda_graph"], point["speedup_cuda_graph_clean"])
-        assert r["status"] == bc.status(bc.Target("", r["threshold"], r["higher_is_better"]),
-                                        [(r["dirty"], r["ceiling"]), (r["clean"], r["ceiling_clean"])],
-                                        "the format's cap" if "KV memory" in r["target"] else "the bare stream")
+        assert r["status"] == bc.status(
+            bc.Target("", r["threshold"], r["higher_is_better"]),
+            [(r["dirty"], r["ceiling"]), (r["clean"], r["ceiling_clean"])],
+            "the format's cap" if "KV memory" in r["target"] else "the bare stream",
+        )
     summary = bc.format_targets(rows).splitlines()[-1]
-    counts = re.match(r"(\d+) of (\d+) met after both flushes, (\d+) after the read-only one only, (\d+) missed",
-                      summary)
+    counts = re.match(
+        r"(\d+) of (\d+) met after both flushes, (\d+) after the read-only one only, (\d+) missed", summary
+    )
     met, total, clean_only, missed = map(int, counts.groups())
     assert met + clean_only + missed == total == len(rows)
 
 
-@pytest.mark.parametrize("flushes, want", [
-    ([(4.6, 4.9), (4.7, 5.0)], "met"),
-    ([(4.3, 4.6), (4.6, 4.9)], "met (clean only)"),
-    ([(4.3, 4.5), (4.49, 4.74)], "MISSED"),
-    ([(4.3, 4.31), (4.49, 4.74)], "MISSED, beyond the bare stream after the dirty flush"),
-    ([(4.6, 4.9), (4.3, 4.31)], "MISSED, beyond the bare stream"),  # only the clean flush misses, beyond its ceiling
-    ([(4.6, 4.4), (4.3, 4.6)], "MISSED"),
-    ([(4.3, 4.31), (4.4, 4.45)], "MISSED, beyond the bare stream"),
-    ([(4.3, 4.31), (4.6, 4.9)], "met (clean only), beyond the bare stream"),
-    ([(None, None), (None, None)], "no data"),
-    ([(4.3, None), (None, None)], "MISSED"),
-])
+@pytest.mark.parametrize(
+    "flushes, want",
+    [
+        ([(4.6, 4.9), (4.7, 5.0)], "met"),
+        ([(4.3, 4.6), (4.6, 4.9)], "met (clean only)"),
+        ([(4.3, 4.5), (4.49, 4.74)], "MISSED"),
+        ([(4.3, 4.31), (4.49, 4.74)], "MISSED, beyond the bare stream after the dirty flush"),
+        (
+            [(4.6, 4.9), (4.3, 4.31)],
+            "MISSED, beyond the bare stream",
+        ),  # only the clean flush misses, beyond its ceiling
+        ([(4.6, 4.4), (4.3, 4.6)], "MISSED"),
+        ([(4.3, 4.31), (4.4, 4.45)], "MISSED, beyond the bare stream"),
+        ([(4.3, 4.31), (4.6, 4.9)], "met (clean only), beyond the bare stream"),
+        ([(None, None), (None, None)], "no data"),
+        ([(4.3, None), (None, None)], "MISSED"),
+    ],
+)
 def test_status(flushes, want):
     assert bc.status(bc.Target("x", 4.5), flushes) == want
 
@@ -127,12 +173,12 @@ def slower(data: dict) -> dict:
     """The built file with one gated time 20% slower, one 2.2x faster, and moved times that are not gated."""
     new = copy.deepcopy(data)
     k = new["kernels"]
-    k[3]["oscar_cuda_graph_clean_us"] *= 1.2   # a regression at 1 x 4K after the read-only flush
-    k[0]["oscar_triton_graph_us"] /= 2.2       # faster: gated, no regression
-    k[0]["sdpa_flash_clean"] *= 4.3            # a BF16 baseline moved: reported, never gated
-    k[0]["pack_block128_us"] *= 3.0            # eager, host-bound: not gated
-    k[3]["pack_prefill_us"] *= 3.0             # a prefill pack below 100 us is host-bound: not gated
-    new["e2e"][0]["graph_step_ms"] *= 1.5      # BF16's e2e step: not gated
+    k[3]["oscar_cuda_graph_clean_us"] *= 1.2  # a regression at 1 x 4K after the read-only flush
+    k[0]["oscar_triton_graph_us"] /= 2.2  # faster: gated, no regression
+    k[0]["sdpa_flash_clean"] *= 4.3  # a BF16 baseline moved: reported, never gated
+    k[0]["pack_block128_us"] *= 3.0  # eager, host-bound: not gated
+    k[3]["pack_prefill_us"] *= 3.0  # a prefill pack below 100 us is host-bound: not gated
+    new["e2e"][0]["graph_step_ms"] *= 1.5  # BF16's e2e step: not gated
     new["generate"][0]["decode_ms_per_token"] *= 1.5
     return new
 

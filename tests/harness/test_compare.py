@@ -1,17 +1,18 @@
 """`oscar-eval compare`: deltas, paired tests, flipped items, exit codes and refusals."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
-from tests.harness.test_results_factory import make_result
 
 from harness import results as R
 from harness.cli import main as cli
+from tests.harness.test_results_factory import make_result
 
-A_SCORES = [1, 1, 1, 1, 0, 1, 0, 1, 1, 1]   # 0.8
-B_SCORES = [1, 0, 1, 0, 0, 1, 0, 0, 1, 1]   # 0.5: 3 items flipped right -> wrong
+A_SCORES = [1, 1, 1, 1, 0, 1, 0, 1, 1, 1]  # 0.8
+B_SCORES = [1, 0, 1, 0, 0, 1, 0, 0, 1, 1]  # 0.5: 3 items flipped right -> wrong
 CATS = ["x"] * 5 + ["y"] * 5
 
 
@@ -58,11 +59,14 @@ def test_lower_is_better_metric_direction(tmp_path, capsys):
     assert "lower is better" in out and "largest per-item changes of 'ppl'" in out
 
 
-@pytest.mark.parametrize("change, words", [
-    (dict(version=2), "version: 1 vs 2"),
-    (dict(fingerprint="fp-2"), "data_fingerprint: 'fp-1' vs 'fp-2'"),
-    (dict(task="other"), "name: 'handmade' vs 'other'"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(version=2), "version: 1 vs 2"),
+        (dict(fingerprint="fp-2"), "data_fingerprint: 'fp-1' vs 'fp-2'"),
+        (dict(task="other"), "name: 'handmade' vs 'other'"),
+    ],
+)
 def test_incompatible_runs_are_refused_with_the_reason(tmp_path, capsys, change, words):
     a = write(tmp_path, "a", make_result("bf16", A_SCORES))
     b = write(tmp_path, "b", make_result("kivi", A_SCORES, **change))
@@ -112,8 +116,9 @@ def test_real_task_aggregate_gives_category_deltas(tmp_path, capsys):
 def test_gpu_runs_with_different_kernels_are_flagged(tmp_path, capsys):
     ra, rb = make_result("oscar", A_SCORES, CATS), make_result("oscar", A_SCORES, CATS)
     for r, linear in ((ra, True), (rb, False)):
-        r["environment"].update(gpu="NVIDIA H100", kernels={"fused_norm": True, "fused_rope": True,
-                                                            "fused_linear": linear})
+        r["environment"].update(
+            gpu="NVIDIA H100", kernels={"fused_norm": True, "fused_rope": True, "fused_linear": linear}
+        )
     a, b = write(tmp_path, "a", ra), write(tmp_path, "b", rb)
     assert cli(["compare", a, b, "--max-drop", "0"]) == 0  # a warning, not a failure
     assert "different model-level kernels on the GPU (fused_linear True vs False)" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """What an eval costs, per item and per run (harness/models/cost.py, the loop in harness/run.py, results.cost_figures),
 and how results of random weights are labelled and kept apart from the real checkpoint's."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,9 +8,9 @@ import pytest
 from harness import results as R
 from harness import run
 from harness.models import MODELS
-from harness.models.cost import GenerationClock, generation_cost, take_item_cost
-from harness.models.qwen3_vl import Qwen3VLAdapter
-from harness.models.shaped import load_random
+from harness.models.cost import GenerationClock, generation_cost
+from harness.models.qwen3_vl.adapter import Qwen3VLAdapter
+from harness.models.synthetic import load_random
 from tests.harness.test_shapes import SHRINK
 
 
@@ -28,43 +29,81 @@ def test_clock_splits_prefill_from_decode():
 
 
 def test_item_cost_sums_calls_and_keeps_the_largest_peak():
-    class Adapter:
-        costs = [generation_cost({"prefill_s": 1.0, "decode_s": 2.0, "kernel_steps": 3, "peak_cuda_bytes": 10}, 4,
-                                 {"total": 100}),
-                 generation_cost({"prefill_s": 0.5, "decode_s": 1.0, "kernel_steps": 1, "peak_cuda_bytes": 30}, 2,
-                                 {"total": 50})]
+    from tasks.contract import Response
 
-    adapter = Adapter()
-    cost = take_item_cost(adapter)
-    assert cost == {"prefill_s": 1.5, "decode_s": 3.0, "kernel_steps": 4, "peak_cuda_bytes": 30, "new_tokens": 6,
-                    "decode_steps": 4, "kv_bytes": 100, "calls": 2}
-    assert take_item_cost(adapter) is None  # taken once
+    responses = [
+        Response(
+            cost=generation_cost(
+                {"prefill_s": 1.0, "decode_s": 2.0, "kernel_steps": 3, "peak_cuda_bytes": 10}, 4, {"total": 100}
+            )
+        ),
+        Response(
+            cost=generation_cost(
+                {"prefill_s": 0.5, "decode_s": 1.0, "kernel_steps": 1, "peak_cuda_bytes": 30}, 2, {"total": 50}
+            )
+        ),
+    ]
+    assert run.item_cost(responses) == {
+        "prefill_s": 1.5,
+        "decode_s": 3.0,
+        "kernel_steps": 4,
+        "peak_cuda_bytes": 30,
+        "new_tokens": 6,
+        "decode_steps": 4,
+        "kv_bytes": 100,
+        "calls": 2,
+    }
+    assert run.item_cost([Response()]) is None  # no generate call (a Score request)
 
 
 def test_run_figures_from_item_costs():
-    records = [{"id": "a", "loop_s": 2.0, "cost": {"prefill_s": 1.0, "decode_s": 2.0, "decode_steps": 8,
-                                                   "kernel_steps": 8, "peak_cuda_bytes": 5}},
-               {"id": "b", "loop_s": 2.0, "cost": {"prefill_s": 1.0, "decode_s": 2.0, "decode_steps": 8,
-                                                   "kernel_steps": 0, "peak_cuda_bytes": 9}}]
+    records = [
+        {
+            "id": "a",
+            "loop_s": 2.0,
+            "cost": {"prefill_s": 1.0, "decode_s": 2.0, "decode_steps": 8, "kernel_steps": 8, "peak_cuda_bytes": 5},
+        },
+        {
+            "id": "b",
+            "loop_s": 2.0,
+            "cost": {"prefill_s": 1.0, "decode_s": 2.0, "decode_steps": 8, "kernel_steps": 0, "peak_cuda_bytes": 9},
+        },
+    ]
     figures = R.cost_figures(records, 4.0)
-    assert figures == {"items_per_s": 0.5, "items_per_s_steady": 0.5, "prefill_s": 2.0, "decode_s": 4.0,
-                       "decode_steps_per_s": 4.0, "kernel_step_share": 0.5, "peak_item_cuda_bytes": 9}
+    assert figures == {
+        "items_per_s": 0.5,
+        "items_per_s_steady": 0.5,
+        "prefill_s": 2.0,
+        "decode_s": 4.0,
+        "decode_steps_per_s": 4.0,
+        "kernel_step_share": 0.5,
+        "peak_item_cuda_bytes": 9,
+    }
     assert R.cost_figures([{"id": "a", "loop_s": 1.0}], 1.0) == {"items_per_s": 1.0}
 
 
 @pytest.fixture(scope="module")
 def shrunk_qwen3_vl():
     """qwen3-vl-8b's processor settings and token ids on a narrow, 2-layer random model (CPU)."""
-    return load_random(Qwen3VLAdapter, MODELS["qwen3-vl-8b"], device="cpu", dtype="float32",
-                       overrides=SHRINK["qwen3_vl"])
+    return load_random(
+        Qwen3VLAdapter, MODELS["qwen3-vl-8b"], device="cpu", dtype="float32", overrides=SHRINK["qwen3_vl"]
+    )
 
 
 def test_eval_with_random_weights_records_costs_and_is_labelled(tmp_path, shrunk_qwen3_vl):
     from tasks.ocrbench import OCRBenchTask
 
     out = str(tmp_path / "{task}" / "{model}" / "{method}.json")
-    results = run.evaluate("qwen3-vl-8b", "oscar,bf16", task=OCRBenchTask(max_new_tokens=3), data="generated", limit=2,
-                           out=out, adapter=shrunk_qwen3_vl, n_resamples=20)
+    results = run.evaluate(
+        "qwen3-vl-8b",
+        "oscar,bf16",
+        task=OCRBenchTask(max_new_tokens=3),
+        data="generated",
+        limit=2,
+        out=out,
+        adapter=shrunk_qwen3_vl,
+        n_resamples=20,
+    )
     for result in results:
         assert result["model"]["weights"] == "random" and not result["model"]["replica"]
         assert any("random weights" in note for note in result["notes"])
@@ -78,22 +117,22 @@ def test_eval_with_random_weights_records_costs_and_is_labelled(tmp_path, shrunk
         system = result["system"]
         assert system["items_per_s"] > 0 and system["decode_steps_per_s"] > 0
         assert system["kernel_step_share"] == 0.0 and system["peak_item_cuda_bytes"] is None
-    assert shrunk_qwen3_vl.costs == []  # the loop took every call's cost
 
 
 def test_kernel_steps_count_the_packed_decode_steps():
     """On the Triton backend (the interpreter on CPU) every decode step of OScaR hands the attention packed codes."""
     import quant
-    from harness.models.base import Prompt
-    from harness.models.text import TextAdapter
+    from harness.models.text.adapter import TextAdapter
+    from harness.runner import answer
     from quant.kernels import KernelOptions
+    from tasks.contract import Prompt
 
     text = {k: v for k, v in SHRINK["qwen3_vl"]["text_config"].items()}
     adapter = load_random(TextAdapter, MODELS["qwen3-8b"], device="cpu", dtype="float32", overrides=text)
-    adapter.kernels = KernelOptions(backend="triton")
-    oscar = adapter.generate(Prompt("Hello"), quant.get_method("oscar"), max_new_tokens=4).cost
+    triton = KernelOptions(backend="triton")
+    oscar = answer(adapter, [Prompt("Hello")], quant.get_method("oscar"), 4, kernels=triton)[0].cost
     assert oscar["decode_steps"] == 4 - 1 == oscar["kernel_steps"]
-    kivi = adapter.generate(Prompt("Hello"), quant.get_method("kivi"), max_new_tokens=4).cost
+    kivi = answer(adapter, [Prompt("Hello")], quant.get_method("kivi"), 4, kernels=triton)[0].cost
     assert kivi["kernel_steps"] == 0
 
 

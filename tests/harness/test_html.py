@@ -1,6 +1,7 @@
 """The leaderboard page in a real headless Chromium: it loads, its sections come in a reader's order, its tables hold
 the result files' rows, its plots decode, the published section is apart and labelled, and the pipeline checks are
 collapsed and without plots."""
+
 from __future__ import annotations
 
 import html.parser
@@ -14,15 +15,29 @@ from harness.cli import main as cli
 from tests.harness.test_leaderboard import workdir  # noqa: F401  (the same hand-made results tree)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run", "--hide-scrollbars", "--virtual-time-budget=5000"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+    "--virtual-time-budget=5000",
+]
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium: apt-get install -y chromium")
 
 
 def chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess:
     profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
-    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, page.resolve().as_uri()],
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, page.resolve().as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 class Page(html.parser.HTMLParser):

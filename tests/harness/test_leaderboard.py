@@ -1,5 +1,6 @@
 """`oscar-eval leaderboard`: tables only from result files, trained weights first, pipeline checks collapsed at the end,
 published numbers apart, speed and memory from the bench reference of each GPU kind, the README section."""
+
 from __future__ import annotations
 
 import json
@@ -35,18 +36,30 @@ def workdir(tmp_path, monkeypatch):
     shutil.copy(REPO / "results" / "bench" / "h100.json", "results/bench/h100.json")
     cats = ["a", "b"] * 3
     for method, bits, kv in (("bf16", 16, 4096), ("kivi", 3, 800), ("oscar", 3, 820)):
-        R.write_result(make_result(method, [0] * 6, cats, bits=bits, kv_total=kv, task="ocrbench"),
-                       R.run_path("ocrbench", "generated", "tiny-model", method))
+        R.write_result(
+            make_result(method, [0] * 6, cats, bits=bits, kv_total=kv, task="ocrbench"),
+            R.run_path("ocrbench", "generated", "tiny-model", method),
+        )
     for method, ppl in (("bf16", [10.0, 11.0, 12.0]), ("kivi", [13.0, 15.0, 14.0])):
-        r = real(make_result(method, ppl, metric="ppl", higher_is_better=False, task="ppl", model="smollm2-135m",
-                             kv_total=4096 if method == "bf16" else 800))
+        r = real(
+            make_result(
+                method,
+                ppl,
+                metric="ppl",
+                higher_is_better=False,
+                task="ppl",
+                model="smollm2-135m",
+                kv_total=4096 if method == "bf16" else 800,
+            )
+        )
         if method == "kivi":
             r["samples"][1]["error"] = "RuntimeError: out of memory"
             r["samples"][2]["error"] = "RuntimeError: out of memory"
             r["n_errors"] = 2
         R.write_result(r, R.run_path("ppl", "generated", "smollm2-135m", method))
-    shaped = real(make_result("oscar", [99.0, 98.0], metric="ppl", higher_is_better=False, task="ppl",
-                              model="qwen3-8b"))
+    shaped = real(
+        make_result("oscar", [99.0, 98.0], metric="ppl", higher_is_better=False, task="ppl", model="qwen3-8b")
+    )
     shaped["model"]["weights"] = "random"
     shaped["system"].update(items_per_s=2.5, kernel_step_share=1.0)
     R.write_result(shaped, R.run_path("ppl", "generated", "qwen3-8b.random", "oscar"))
@@ -75,25 +88,36 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
     assert ppl[2].startswith("| kivi | – | 14 [13.9, 14.1] | 3 | 2 | 16 | 0.7812 | 5.12x |")  # 4096 / 800 bytes
     assert "1 GiB RSS" in ppl[1]
     checks = t["ocrbench · tiny-model (generated data, tiny replica)"]
-    assert checks[0] == ("| method | window | items | failed | bits/elt | KV KiB/item | vs bf16 | tok/s "
-                         "| peak memory | device | commit |")  # no accuracy column for random weights
+    assert checks[0] == (
+        "| method | window | items | failed | bits/elt | KV KiB/item | vs bf16 | tok/s "
+        "| peak memory | device | commit |"
+    )  # no accuracy column for random weights
     assert len(checks) == 1 + 3
     shaped = t["ppl · qwen3-8b (generated data, random weights)"]
     assert "items/s" in shaped[0] and "| 2.5 | 100% |" in shaped[1] and "99" not in shaped[1]  # no perplexity
-    assert "qwen3-8b" not in md[:md.index("<details>")]  # never in an accuracy table
-    order = [md.index(s) for s in ("### ppl · smollm2-135m", "### Speed and memory", "### Published numbers",
-                                   "<details><summary>Pipeline checks: 4 results",
-                                   "#### ocrbench · tiny-model (generated data, tiny replica)")]
+    assert "qwen3-8b" not in md[: md.index("<details>")]  # never in an accuracy table
+    order = [
+        md.index(s)
+        for s in (
+            "### ppl · smollm2-135m",
+            "### Speed and memory",
+            "### Published numbers",
+            "<details><summary>Pipeline checks: 4 results",
+            "#### ocrbench · tiny-model (generated data, tiny replica)",
+        )
+    ]
     assert order == sorted(order) and md.rstrip().endswith("</details>")
     assert "| qwen3-vl-8b | 858 | 851 | 850 | 847 | 722 | 754 | 856 |" in md
-    assert "858" not in md[:md.index("### Published numbers")]  # published numbers never enter the measured tables
+    assert "858" not in md[: md.index("### Published numbers")]  # published numbers never enter the measured tables
     readme = Path("README.md").read_text()
     assert "old" not in readme and readme.endswith(f"{L.README_END}\n\n## After\n")
-    section = readme[readme.index(L.README_START):readme.index(L.README_END)]
-    assert md[:md.index("### Published numbers")] in section  # results and speed, as in LEADERBOARD.md
+    section = readme[readme.index(L.README_START) : readme.index(L.README_END)]
+    assert md[: md.index("### Published numbers")] in section  # results and speed, as in LEADERBOARD.md
     assert "Published numbers" not in section and "<details>" not in section
-    assert "published numbers and 4 pipeline checks (models without trained weights) are in [results/LEADERBOARD.md]" \
+    assert (
+        "published numbers and 4 pipeline checks (models without trained weights) are in [results/LEADERBOARD.md]"
         in section
+    )
 
 
 def test_speed_and_memory_come_from_each_gpu_kinds_reference(workdir):
@@ -104,11 +128,47 @@ def test_speed_and_memory_come_from_each_gpu_kinds_reference(workdir):
     data = json.loads(Path("results/bench/h100.json").read_text())
     big = {r["kind"]: r for r in data["e2e"] if r.get("largest")}
     want = L.fmt(big["oscar"]["graph_tokens_per_s"] / big["bf16"]["graph_tokens_per_s"], 3)
-    assert any(row.startswith(f"| 128K (largest batch that fits) | {big['bf16']['batch']} / {big['oscar']['batch']} |")
-               and f"{float(want):.2f}x" in row for row in h100)
+    assert any(
+        row.startswith(f"| 128K (largest batch that fits) | {big['bf16']['batch']} / {big['oscar']['batch']} |")
+        and f"{float(want):.2f}x" in row
+        for row in h100
+    )
     h200 = tables(md)["Speed and memory: Decode end to end, Qwen3-8B shape, NVIDIA H200"]
     assert h200[1] == "| 128K | 1 / 1 | 12.3 | 7.58 | – | – | – | 18 | 3.42 | – | – |"
     assert md.index("NVIDIA H100 80GB HBM3") < md.index("NVIDIA H200")  # by file name: h100.json, h200.json
+
+
+def test_the_public_page_shows_speed_and_memory_never_the_kernel_targets(workdir):
+    assert any(
+        t["status"].startswith("MISSED") for t in bench_check.target_rows(bench_check.load("results/bench/h100.json"))
+    )  # the reference misses some: they would show if the page read the targets
+    assert cli(["leaderboard", "--paper", "paper.json"]) == 0
+    page = Path("results/leaderboard/index.html").read_text()
+    md = Path("results/LEADERBOARD.md").read_text()
+    readme = Path("README.md").read_text()
+    assert "Decode end to end, Qwen3-8B shape" in page and "Decode attention, us" in page  # speed and memory
+    for text in (page, md, readme):
+        assert "MISSED" not in text and "beyond the bare stream" not in text and "Kernel targets" not in text
+        assert "kernel targets" not in text
+
+
+def test_bench_runs_are_never_a_gpu_kind(workdir, capsys):
+    run = {**bench_file("NVIDIA H200"), "date": "20260102T000000Z"}
+    Path("results/bench/runs").mkdir()
+    Path("results/bench/runs/bench-20260102T000000Z.json").write_text(json.dumps(run))  # `oscar-eval bench` writes it
+    assert cli(["leaderboard", "--paper", "paper.json"]) == 0
+    md = Path("results/LEADERBOARD.md").read_text()
+    assert "NVIDIA H200" not in md and "bench-2026" not in md
+    assert list(L.load_bench(Path("results/bench"))) == ["h100"]
+
+    Path("results/bench/bench-20260102T000000Z.json").write_text(json.dumps(run))  # a run written beside the kinds
+    assert cli(["leaderboard", "--paper", "paper.json"]) == 2
+    assert "bench-20260102T000000Z.json: a bench run, not a GPU kind's reference" in capsys.readouterr().err
+    Path("results/bench/bench-20260102T000000Z.json").unlink()
+
+    shutil.copy("results/bench/h100.json", "results/bench/h100-rerun.json")  # a run of a kind, under another name
+    assert cli(["leaderboard", "--paper", "paper.json"]) == 2
+    assert "two bench references of one GPU (NVIDIA H100 80GB HBM3)" in capsys.readouterr().err
 
 
 def test_a_file_that_is_not_a_bench_reference_stops_the_build(workdir, capsys):
@@ -168,17 +228,16 @@ def test_bench_tables_and_plots_of_a_reference():
     assert [row[0] for row in kernels.rows] == sorted((row[0] for row in kernels.rows), key=L.shape_rank)
     first = next(k for k in data["kernels"] if (k["shape"], k["batch"], k["context"]) == ("qwen3-8b", 1, 1024))
     assert kernels.rows[0][:4] == ["qwen3-8b", "1", "1024", L.fmt(first["oscar_cuda_graph_us"], 3)]
-    targets = L.targets_table("h100", data)
-    missed = [t["status"].startswith("MISSED") for t in bench_check.target_rows(data)]
-    assert targets.marked == missed and any(missed) and not all(missed)
     for plot in (report_html.speed_plot(data), report_html.memory_plot(data)):
         assert plot.startswith("data:image/png;base64,")
     assert report_html.speed_plot({"kernels": []}) is None and report_html.memory_plot({"e2e": []}) is None
 
 
 def test_result_plots_leave_out_what_has_nothing_to_show():
-    runs = [real(make_result(m, s, ["a", "b"] * 2, bits=b)) for m, s, b in
-            (("bf16", [1, 1, 1, 0], 16), ("kivi", [1, 0, 0, 0], 3), ("oscar", [1, 1, 0, 0], 3.1))]
+    runs = [
+        real(make_result(m, s, ["a", "b"] * 2, bits=b))
+        for m, s, b in (("bf16", [1, 1, 1, 0], 16), ("kivi", [1, 0, 0, 0], 3), ("oscar", [1, 1, 0, 0], 3.1))
+    ]
     style = report_html.colours(["bf16", "kivi", "oscar"])
     assert style["bf16"][0] != style["kivi"][0] != style["oscar"][0]
     assert report_html.tradeoff_plot(runs, "t", style).startswith("data:image/png;base64,")

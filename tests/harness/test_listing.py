@@ -1,4 +1,5 @@
 """`oscar-eval list methods`: every preset, with the groups `--quant` takes it in and what its bits mean."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,6 +17,7 @@ def test_methods_lists_every_preset_with_its_groups():
     for name, (groups, bits, family) in rows.items():
         assert groups.split(",") == [g for g in GROUPS if name in GROUPS[g]]
         assert family == quant.get_method(name).method
+        assert float(bits) == getattr(quant.get_method(name), "bits", 16)
     assert rows["bf16"][0] == "all,own-paper" and rows["kivi-own-paper"][0] == "own-paper"
     assert rows["oscar-float-zero"][0] == "variants"
     # code bits, and the last line says so: TurboQuant+'s 2.25 is 2.5 bits per element at head dim 128

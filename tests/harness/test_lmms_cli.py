@@ -1,6 +1,7 @@
 """The `lmms-eval` command itself (a subprocess, as a user runs it) on the shipped tasks over local
 copies of the generated sets, against `oscar-eval eval` (harness.run.evaluate, in process) on the same
 tiny replica, method and items: the same answers, the same per-item scores, the same totals."""
+
 from __future__ import annotations
 
 import json
@@ -24,16 +25,27 @@ LMMS_EVAL = Path(sys.executable).parent / "lmms-eval"
 # Answer length on both sides (the tasks' own 128 is what a real run uses): the replicas' answers are
 # noise either way, and CI has two cores.
 TOKENS = 24
-OCR_CATEGORIES = ("Regular Text Recognition", "Handwritten Mathematical Expression Recognition",
-                  "Scene Text-centric VQA", "Key Information Extraction")
+OCR_CATEGORIES = (
+    "Regular Text Recognition",
+    "Handwritten Mathematical Expression Recognition",
+    "Scene Text-centric VQA",
+    "Key Information Extraction",
+)
 OFFLINE_SCORERS = {"MMAU_PRO_JUDGE": "smollm2-135m", "MMAU_PRO_EMBEDDER": "all-MiniLM-L6-v2"}
 
 
 def lmms_eval(args: list[str], out: Path, env: dict[str, str]) -> tuple[dict, list[dict], str]:
     """Run `lmms-eval <args>`; return (its results JSON, its logged samples by doc id, its stdout)."""
     assert LMMS_EVAL.exists(), f"{LMMS_EVAL} missing: lmms-eval is imported but its command is not installed"
-    command = [str(LMMS_EVAL), *args, "--output_path", str(out), "--log_samples",
-               "--gen_kwargs", f"max_new_tokens={TOKENS}"]
+    command = [
+        str(LMMS_EVAL),
+        *args,
+        "--output_path",
+        str(out),
+        "--log_samples",
+        "--gen_kwargs",
+        f"max_new_tokens={TOKENS}",
+    ]
     proc = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert "Failed to load model entry-point" not in log, log[-4000:]
@@ -56,6 +68,7 @@ def table_row(stdout: str, task: str, metric: str) -> str:
 
 # ---- OCRBench on tiny-qwen3-vl ----------------------------------------------------------------------------
 
+
 def write_ocr_set(source: Path, records: list[dict], target: Path) -> Path:
     """An official-layout OCRBench folder (OCRBench.json + the images of `records`)."""
     for r in records:
@@ -73,8 +86,9 @@ def piece_of(text: str) -> str | None:
 
 def evaluate_ocr(data: Path, out: Path) -> dict:
     task = OCRBenchTask(max_new_tokens=TOKENS)
-    return run.evaluate("tiny-qwen3-vl", "oscar", task=task, data=str(data), out=str(out / "{method}.json"),
-                        n_resamples=20)[0]
+    return run.evaluate(
+        "tiny-qwen3-vl", "oscar", task=task, data=str(data), out=str(out / "{method}.json"), n_resamples=20
+    )[0]
 
 
 def test_ocrbench_lmms_eval_command_matches_oscar_eval(tmp_path):
@@ -98,9 +112,19 @@ def test_ocrbench_lmms_eval_command_matches_oscar_eval(tmp_path):
 
     yaml_path, env = lmms_tasks.write_local_task("ocrbench", str(data), tmp_path / "tasks")
     results, samples, stdout = lmms_eval(
-        ["--model", "oscar_qwen3_vl", "--model_args", "model=tiny-qwen3-vl,quant=oscar",
-         "--tasks", "oscar_ocrbench_local", "--include_path", str(yaml_path.parent)],
-        tmp_path / "lmms", {**offline_env(tmp_path), **env})
+        [
+            "--model",
+            "oscar_qwen3_vl",
+            "--model_args",
+            "model=tiny-qwen3-vl,quant=oscar",
+            "--tasks",
+            "oscar_ocrbench_local",
+            "--include_path",
+            str(yaml_path.parent),
+        ],
+        tmp_path / "lmms",
+        {**offline_env(tmp_path), **env},
+    )
     theirs = results["results"]["oscar_ocrbench_local"]
     assert theirs["ocrbench_total,none"] == total
     assert theirs["ocrbench_accuracy,none"] == ours["metrics"]["accuracy"]["value"]
@@ -112,6 +136,7 @@ def test_ocrbench_lmms_eval_command_matches_oscar_eval(tmp_path):
 
 # ---- MMAU-Pro on tiny-qwen3-omni --------------------------------------------------------------------------
 
+
 def test_mmau_pro_lmms_eval_command_matches_oscar_eval(tmp_path, monkeypatch):
     """The first five generated items: one per category (open-ended through the judge, AIF, three
     closed-form through the embedder), one of them with two clips."""
@@ -119,16 +144,37 @@ def test_mmau_pro_lmms_eval_command_matches_oscar_eval(tmp_path, monkeypatch):
     for key, value in OFFLINE_SCORERS.items():
         monkeypatch.setenv(key, value)
     task = MMAUProTask(max_new_tokens=TOKENS)  # judge and embedder from the variables above, as lmms-eval's side
-    ours = run.evaluate("tiny-qwen3-omni", "kivi", task=task, data=str(folder), limit=5,
-                        out=str(tmp_path / "ours" / "{method}.json"), n_resamples=20)[0]
+    ours = run.evaluate(
+        "tiny-qwen3-omni",
+        "kivi",
+        task=task,
+        data=str(folder),
+        limit=5,
+        out=str(tmp_path / "ours" / "{method}.json"),
+        n_resamples=20,
+    )[0]
     assert ours["n_errors"] == 0 and len(ours["categories"]) == 5
     assert ours["metrics"]["open_ended"]["value"] > 0  # judged: every rating is 1-5
 
     yaml_path, env = lmms_tasks.write_local_task("mmau-pro", str(folder), tmp_path / "tasks")
     results, samples, stdout = lmms_eval(
-        ["--model", "oscar_qwen3_omni", "--model_args", "model=tiny-qwen3-omni,quant=kivi", "--tasks", "mmau_pro_local",
-         "--include_path", str(yaml_path.parent), "--limit", "5", "--process_docs_parallel", "1"],
-        tmp_path / "lmms", {**offline_env(tmp_path), **env, **OFFLINE_SCORERS})
+        [
+            "--model",
+            "oscar_qwen3_omni",
+            "--model_args",
+            "model=tiny-qwen3-omni,quant=kivi",
+            "--tasks",
+            "mmau_pro_local",
+            "--include_path",
+            str(yaml_path.parent),
+            "--limit",
+            "5",
+            "--process_docs_parallel",
+            "1",
+        ],
+        tmp_path / "lmms",
+        {**offline_env(tmp_path), **env, **OFFLINE_SCORERS},
+    )
     theirs = results["results"]["mmau_pro_local"]
     metrics = [m["metric"] for m in results["configs"]["mmau_pro_local"]["metric_list"]]
     assert {"open_ended", "good_rate", "aif", "closed", "overall"} <= set(metrics)

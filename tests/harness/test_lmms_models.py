@@ -1,4 +1,5 @@
 """The lmms-eval model classes on tiny replicas, through lmms-eval's own registry and request type."""
+
 from __future__ import annotations
 
 import subprocess
@@ -14,9 +15,12 @@ from PIL import Image  # noqa: E402
 
 from harness import lmms  # noqa: E402
 
-DOCS = {"ocr": {"test": [{"image": Image.new("RGB", (40, 32), (200, 40, 40)), "q": "What colour is this?"}]},
-        "mmau": {"test": [{"audio": {"array": np.sin(np.linspace(0, 2000, 44100)).astype(np.float32),
-                                     "sampling_rate": 44100}}]}}
+DOCS = {
+    "ocr": {"test": [{"image": Image.new("RGB", (40, 32), (200, 40, 40)), "q": "What colour is this?"}]},
+    "mmau": {
+        "test": [{"audio": {"array": np.sin(np.linspace(0, 2000, 44100)).astype(np.float32), "sampling_rate": 44100}}]
+    },
+}
 
 
 def request(task, context, visual_key, gen_kwargs):
@@ -39,8 +43,13 @@ def test_registry_resolves_every_family():
 
 
 def test_generate_until_on_image_and_audio_and_survives_clean():
-    model = registry().get_model_class("oscar_qwen3_vl").create_from_arg_string(
-        "model=tiny-qwen3-vl,quant=oscar,quant_options=group_size=32;residual_length=128,max_new_tokens=5")
+    model = (
+        registry()
+        .get_model_class("oscar_qwen3_vl")
+        .create_from_arg_string(
+            "model=tiny-qwen3-vl,quant=oscar,quant_options=group_size=32;residual_length=128,max_new_tokens=5"
+        )
+    )
     model.task_dict = DOCS
     assert model.method.name == "oscar" and model.method.group_size == 32
     first = model.generate_until([request("ocr", "What colour is this?", "image", {"until": ["\n\n"]})])
@@ -72,8 +81,10 @@ def test_bad_arguments_are_named():
 def test_entry_point_loads_after_our_module_without_a_cycle():
     """Importing harness.lmms first (as the tests and `python -m` do) and then lmms-eval's model registry
     once asked for `manifests` of a half-imported module; the registry must list every oscar model."""
-    code = ("import harness.lmms, lmms_eval.models as m; "
-            "print(sorted(k for k in m.AVAILABLE_MODELS if k.startswith('oscar')))")
+    code = (
+        "import harness.lmms, lmms_eval.models as m; "
+        "print(sorted(k for k in m.AVAILABLE_MODELS if k.startswith('oscar')))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Failed to load model entry-point" not in proc.stdout + proc.stderr
@@ -86,10 +97,15 @@ def test_batch_size_answers_as_one_at_a_time():
     docs = {"ocr": {"test": [{"image": Image.new("RGB", (40 + 8 * i, 32), (200, 40 + 50 * i, 40))} for i in range(3)]}}
 
     def requests():
-        return [Instance("generate_until", (f"Read line {i} of this sign. " * (i + 1), {}, lambda doc: [doc["image"]],
-                                            i, "ocr", "test"),
-                         idx=0, metadata={"task": "ocr", "doc_id": i, "repeats": 1})
-                for i in range(3)]
+        return [
+            Instance(
+                "generate_until",
+                (f"Read line {i} of this sign. " * (i + 1), {}, lambda doc: [doc["image"]], i, "ocr", "test"),
+                idx=0,
+                metadata={"task": "ocr", "doc_id": i, "repeats": 1},
+            )
+            for i in range(3)
+        ]
 
     answers = {}
     for size in (1, 3):

@@ -3,16 +3,17 @@
 The package list in pyproject.toml is explicit (the top-level csrc/ ships as quant.csrc); a package added to the
 tree without being listed would be missing from the wheel, so the list is checked against the tree too.
 """
+
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import tomllib
 import venv
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,8 +55,10 @@ def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: int = 900) 
 @pytest.mark.skipif(os.environ.get("OSCAR_SKIP_WHEEL_TEST") == "1", reason="OSCAR_SKIP_WHEEL_TEST=1")
 def test_wheel_installs_in_a_clean_venv_and_runs_from_another_directory(tmp_path):
     dist = tmp_path / "dist"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
-        tmp_path)
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
+        tmp_path,
+    )
     wheel = next(dist.glob("oscar_eval-*.whl"))
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
@@ -71,10 +74,33 @@ def test_wheel_installs_in_a_clean_venv_and_runs_from_another_directory(tmp_path
     cli = str(env_dir / "bin" / "oscar-eval")
     listing = run([cli, "list"], work, env)
     assert "oscar" in listing and "tiny-llava" in listing
-    located = run([str(py), "-c", "import quant, quant.kernels.cuda as c, harness.results as r; "
-                   "print(quant.__file__, c.CSRC, r.SCHEMA_PATH)"], work, env)
+    located = run(
+        [
+            str(py),
+            "-c",
+            "import quant, quant.kernels.cuda as c, harness.results as r; print(quant.__file__, c.CSRC, r.SCHEMA_PATH)",
+        ],
+        work,
+        env,
+    )
     assert str(ROOT) not in located and "site-packages" in located
-    run([cli, "eval", "--model", "tiny-llava", "--task", "ocrbench", "--data", "generated", "--quant", "oscar,kivi",
-         "--limit", "2"], work, env)
+    run(
+        [
+            cli,
+            "eval",
+            "--model",
+            "tiny-llava",
+            "--task",
+            "ocrbench",
+            "--data",
+            "generated",
+            "--quant",
+            "oscar,kivi",
+            "--limit",
+            "2",
+        ],
+        work,
+        env,
+    )
     written = sorted(p.name for p in (work / "results" / "runs" / "ocrbench.generated" / "tiny-llava").glob("*.json"))
     assert written == ["kivi.first2.json", "oscar.first2.json"]  # the first 2 items: a partial run

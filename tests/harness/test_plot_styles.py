@@ -1,4 +1,5 @@
 """The leaderboard page's plots tell every method apart: one (colour, marker) per preset, the same on every plot."""
+
 from __future__ import annotations
 
 from harness import report_html

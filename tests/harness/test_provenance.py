@@ -1,6 +1,7 @@
 """harness/provenance.py: a code digest ignores comments, docstrings and formatting, and moves with any change to the
 code or to a module it imports; the closure follows module-level imports inside the project; stale_reasons names
 what changed."""
+
 from __future__ import annotations
 
 import copy
@@ -21,8 +22,11 @@ def digest_of(tmp_path: Path, file: str, source: str) -> str:
 
 def test_comments_docstrings_and_formatting_do_not_count(tmp_path):
     base = digest_of(tmp_path, "a", "def f(x):\n    return x + 1\n")
-    same = digest_of(tmp_path, "b", '"""A module."""\n\n\ndef f(x):  # why\n    """Adds one."""\n'
-                                    "    return (\n        x + 1\n    )\n")
+    same = digest_of(
+        tmp_path,
+        "b",
+        '"""A module."""\n\n\ndef f(x):  # why\n    """Adds one."""\n    return (\n        x + 1\n    )\n',
+    )
     assert same == base
     assert digest_of(tmp_path, "c", "def f(x):\n    return x + 2\n") != base
     assert digest_of(tmp_path, "d", "def f(x):\n    return 'x' + 1\n") != base
@@ -30,7 +34,7 @@ def test_comments_docstrings_and_formatting_do_not_count(tmp_path):
 
 def test_the_closure_follows_module_level_imports_only():
     files = P.closure(["tasks.ppl"])
-    assert {"tasks.ppl", "tasks.ppl.scoring", "tasks.base"} <= set(files)
+    assert {"tasks.ppl", "tasks.contract", "tasks.base"} <= set(files)
     assert all(path.is_file() for path in files.values())
     # quant.methods.oscar imports its primitives at module level; the harness is imported lazily, never at import
     method = P.closure(["quant.methods.oscar"])
@@ -39,14 +43,18 @@ def test_the_closure_follows_module_level_imports_only():
 
 
 def test_parts_name_the_code_of_a_run_and_the_kernels_only_on_a_kernel_backend():
-    cpu = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text")
-    gpu = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text", backend="cuda")
+    cpu = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text.adapter")
+    gpu = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text.adapter", backend="cuda")
     assert set(cpu) == {"method", "task", "model"} and set(gpu) == {*cpu, "kernels"}
     assert {k: gpu[k] for k in cpu} == cpu
     assert any(name.startswith("csrc/") for name in P.kernel_files())
     # a random-weight model path goes through the builder of its weights too
-    assert P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text", random_weights=True)["model"] \
+    assert (
+        P.code_parts(
+            "quant.methods.oscar", "tasks.ppl", "harness.models.text.adapter", synthetic="harness.models.text.synthetic"
+        )["model"]
         != cpu["model"]
+    )
 
 
 def test_stale_reasons_name_the_config_the_code_and_the_commit():

@@ -1,12 +1,13 @@
 """Result schema: round trip, validation errors that name the field, versions, paths, progress files."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-from tests.harness.test_results_factory import make_result
 
 from harness import results as R
+from tests.harness.test_results_factory import make_result
 
 
 def test_round_trip_is_identical(tmp_path):
@@ -16,14 +17,17 @@ def test_round_trip_is_identical(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))  # the atomic write leaves no temp file
 
 
-@pytest.mark.parametrize("mutate, field, words", [
-    (lambda r: r["model"].pop("hub_id"), "$.model", "'hub_id' is a required property"),
-    (lambda r: r["metrics"]["accuracy"].update(value="high"), "$.metrics.accuracy.value", "is not of type"),
-    (lambda r: r["task"].update(version=-1), "$.task.version", "less than the minimum"),
-    (lambda r: r.update(surprise=1), "$", "Additional properties"),
-    (lambda r: r["samples"][0].pop("id"), "$.samples[0]", "'id' is a required property"),
-    (lambda r: r.update(date="yesterday"), "$.date", "does not match"),
-])
+@pytest.mark.parametrize(
+    "mutate, field, words",
+    [
+        (lambda r: r["model"].pop("hub_id"), "$.model", "'hub_id' is a required property"),
+        (lambda r: r["metrics"]["accuracy"].update(value="high"), "$.metrics.accuracy.value", "is not of type"),
+        (lambda r: r["task"].update(version=-1), "$.task.version", "less than the minimum"),
+        (lambda r: r.update(surprise=1), "$", "Additional properties"),
+        (lambda r: r["samples"][0].pop("id"), "$.samples[0]", "'id' is a required property"),
+        (lambda r: r.update(date="yesterday"), "$.date", "does not match"),
+    ],
+)
 def test_validation_names_the_field(tmp_path, mutate, field, words):
     result = make_result("kivi", [1, 0])
     mutate(result)
@@ -63,8 +67,9 @@ def test_migration_chain_runs(tmp_path, monkeypatch):
     old = make_result("kivi", [1, 0])
     old["schema_version"] = 0
     old["quant"] = old.pop("method")
-    monkeypatch.setitem(R.MIGRATIONS, 0, lambda r: {**{k: v for k, v in r.items() if k != "quant"},
-                                                    "method": r["quant"]})
+    monkeypatch.setitem(
+        R.MIGRATIONS, 0, lambda r: {**{k: v for k, v in r.items() if k != "quant"}, "method": r["quant"]}
+    )
     (tmp_path / "v0.json").write_text(json.dumps(old))
     assert R.read_result(tmp_path / "v0.json")["method"]["name"] == "kivi"
 
@@ -103,15 +108,21 @@ def test_jsonable_and_metric_direction():
     import numpy as np
     import torch
 
-    assert R.jsonable({"a": np.float32(1.5), "b": torch.tensor(3), "c": (1, float("nan")), 4: torch.float16}) == \
-        {"a": 1.5, "b": 3, "c": [1, None], "4": "torch.float16"}
+    assert R.jsonable({"a": np.float32(1.5), "b": torch.tensor(3), "c": (1, float("nan")), 4: torch.float16}) == {
+        "a": 1.5,
+        "b": 3,
+        "c": [1, None],
+        "4": "torch.float16",
+    }
     assert not R.higher_is_better("ppl") and R.higher_is_better("accuracy")
 
 
 def test_kv_summary_means_and_max():
-    recs = [{"kv_bytes": {"total": 100, "quantized": 80, "full_precision": 20, "per_modality": {"image": 60}}},
-            {"kv_bytes": {"total": 300, "quantized": 200, "full_precision": 100, "per_modality": {"image": 100}}},
-            {"error": "item x: failed"}]
+    recs = [
+        {"kv_bytes": {"total": 100, "quantized": 80, "full_precision": 20, "per_modality": {"image": 60}}},
+        {"kv_bytes": {"total": 300, "quantized": 200, "full_precision": 100, "per_modality": {"image": 100}}},
+        {"error": "item x: failed"},
+    ]
     s = R.kv_summary(recs)
     assert s == {"total": 200, "quantized": 140, "full_precision": 60, "max_total": 300, "per_modality": {"image": 80}}
 
@@ -119,17 +130,40 @@ def test_kv_summary_means_and_max():
 def test_environment_records_the_kernel_options():
     from harness.results import environment
     from harness.run import kernel_options
+    from quant.kernels.options import KernelOptions
 
     # the environment's overrides are read once, at the command line; --kernels and --backend apply over them
-    options = kernel_options("fused_rope=on,wide_decode=off", None,
-                             {"OSCAR_FUSED_LINEAR": "0", "OSCAR_FUSED_ROPE": "0", "OSCAR_CUDA_GRAPHS": "off"})
-    assert environment(options)["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": False,
-                                               "cuda_graphs": False, "cuda_norm_rope": True, "wide_decode": False}
-    assert environment()["kernels"] == {"fused_norm": True, "fused_rope": True, "fused_linear": True,
-                                        "cuda_graphs": True, "cuda_norm_rope": True, "wide_decode": True}
+    options = kernel_options(
+        "fused_rope=on,wide_decode=off",
+        None,
+        {"OSCAR_FUSED_LINEAR": "0", "OSCAR_FUSED_ROPE": "0", "OSCAR_CUDA_GRAPHS": "off"},
+    )
+    assert (
+        environment(options)["kernels"]
+        == options.to_dict()
+        == {
+            "backend": None,
+            "cuda_graphs": False,
+            "fused_norm": True,
+            "fused_rope": True,
+            "fused_linear": False,
+            "layer_kernels": "cuda",
+            "wide_decode": False,
+        }
+    )
+    assert environment()["kernels"] == KernelOptions().to_dict()
     assert kernel_options(None, "triton", {"OSCAR_LAYER_KERNELS": "triton"}).backend == "triton"
     triton_layers = kernel_options(None, None, {"OSCAR_LAYER_KERNELS": "triton"})
-    assert environment(triton_layers)["kernels"]["cuda_norm_rope"] is False
+    assert environment(triton_layers)["kernels"]["layer_kernels"] == "triton"
+
+
+def test_backend_is_an_alias_of_the_kernels_backend_option():
+    from harness.run import kernel_options
+
+    assert kernel_options(None, "triton", {}) == kernel_options("backend=triton", None, {})
+    assert kernel_options("backend=triton,cuda_graphs=off", "triton", {}).cuda_graphs is False
+    with pytest.raises(ValueError, match="--backend cuda and --kernels backend=triton disagree"):
+        kernel_options("backend=triton", "cuda", {})
 
 
 def test_kernel_options_refuse_what_they_do_not_know():
@@ -150,9 +184,11 @@ def test_system_figures_count_the_graph_decode_steps():
     class Adapter:
         device = "cuda:0"
 
-    recs = [{"new_tokens": 129, "graph_steps": 126, "wall_s": 1.0, "input_tokens": 50},
-            {"new_tokens": 1, "graph_steps": 0, "wall_s": 0.5, "input_tokens": 50},  # one token: no decode step
-            {"error": "item x: failed"}]
+    recs = [
+        {"new_tokens": 129, "graph_steps": 126, "wall_s": 1.0, "input_tokens": 50},
+        {"new_tokens": 1, "graph_steps": 0, "wall_s": 0.5, "input_tokens": 50},  # one token: no decode step
+        {"error": "item x: failed"},
+    ]
     assert R.system_figures(recs, Adapter())["graph_decode_share"] == 126 / 128
     assert R.system_figures([{"new_tokens": 1}], Adapter())["graph_decode_share"] is None
     result = make_result("oscar", [1.0, 0.0])

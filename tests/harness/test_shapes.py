@@ -1,6 +1,7 @@
-"""Shape-real models (harness/models/shapes.py, shaped.py): the published architectures build on the meta device with
+"""Shape-real models (harness/models/shapes.py, synthetic.py): the published architectures build on the meta device with
 the published parameter counts, and the real processor classes with the checkpoints' settings give the number of
 image/audio placeholder tokens that the families' documented rules give, recomputed here independently."""
+
 from __future__ import annotations
 
 import math
@@ -11,15 +12,22 @@ import torch
 from PIL import Image
 
 from harness.models import MODELS
-from harness.models.base import Prompt
-from harness.models.llava import LlavaAdapter
-from harness.models.qwen3_omni import Qwen3OmniAdapter
-from harness.models.qwen3_vl import Qwen3VLAdapter
-from harness.models.shaped import build_model, build_processor, count_parameters, load_random
+from harness.models.llava.adapter import LlavaAdapter
+from harness.models.qwen3_omni.adapter import Qwen3OmniAdapter
+from harness.models.qwen3_vl.adapter import Qwen3VLAdapter
 from harness.models.shapes import SHAPES
+from harness.models.synthetic import build_model, build_processor, count_parameters, load_random
+from tasks.contract import Prompt
 
-REAL = ["llava-v1.6-7b", "llava-v1.6-mistral-7b", "qwen3-vl-4b", "qwen3-vl-8b", "qwen3-omni-30b-a3b", "qwen3-8b",
-        "llama-3.1-8b"]
+REAL = [
+    "llava-v1.6-7b",
+    "llava-v1.6-mistral-7b",
+    "qwen3-vl-4b",
+    "qwen3-vl-8b",
+    "qwen3-omni-30b-a3b",
+    "qwen3-8b",
+    "llama-3.1-8b",
+]
 ADAPTERS = {"llava": LlavaAdapter, "qwen3_vl": Qwen3VLAdapter, "qwen3_omni": Qwen3OmniAdapter}
 
 
@@ -60,8 +68,14 @@ def test_qwen3_omni_thinker_matches_the_published_text_backbone():
     published, source = SHAPES["qwen3-omni-30b-a3b"]["published_params"]
     assert rounded_like(count_parameters(backbone, skip=("embed_tokens",)), published), source
     text = backbone.config
-    assert (text.num_hidden_layers, text.num_attention_heads, text.num_key_value_heads, text.head_dim,
-            text.num_experts, text.num_experts_per_tok) == (48, 32, 4, 128, 128, 8)
+    assert (
+        text.num_hidden_layers,
+        text.num_attention_heads,
+        text.num_key_value_heads,
+        text.head_dim,
+        text.num_experts,
+        text.num_experts_per_tok,
+    ) == (48, 32, 4, 128, 128, 8)
     # The audio tower (AuT, ~0.6B) and the vision tower come on top: the thinker is ~31.7B.
     assert 31.6e9 < count_parameters(model) < 31.8e9
 
@@ -157,53 +171,79 @@ def test_qwen3_omni_clips_get_13_tokens_a_second(seconds):
 
 
 # ----------------------------------------------------------------------------- random weights, end to end (shrunk)
-TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 128}
-QWEN_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
-               "deepstack_visual_indexes": [0, 1]}
+TEXT = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+}
+QWEN_VISION = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": 64,
+    "deepstack_visual_indexes": [0, 1],
+}
 # Narrow and shallow, but every size the processors and the caches read stays real: patch/merge sizes, the
 # 336 px CLIP tiles, 128 mel bins, head_dim 128 (M-RoPE sections), the vocabularies with the real token ids.
 SHRINK = {
-    "llava": {"text_config": {**TEXT, "num_key_value_heads": 4},
-              "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                                "num_attention_heads": 2}},
+    "llava": {
+        "text_config": {**TEXT, "num_key_value_heads": 4},
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2},
+    },
     "qwen3_vl": {"text_config": TEXT, "vision_config": QWEN_VISION},
-    "qwen3_omni": {"thinker_config": {
-        "text_config": {**TEXT, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
-        "vision_config": QWEN_VISION,
-        "audio_config": {"d_model": 32, "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64,
-                         "output_dim": 64, "downsample_hidden_size": 16}}},
+    "qwen3_omni": {
+        "thinker_config": {
+            "text_config": {**TEXT, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+            "vision_config": QWEN_VISION,
+            "audio_config": {
+                "d_model": 32,
+                "encoder_layers": 2,
+                "encoder_attention_heads": 2,
+                "encoder_ffn_dim": 64,
+                "output_dim": 64,
+                "downsample_hidden_size": 16,
+            },
+        }
+    },
 }
 
 
-@pytest.mark.parametrize("name,prompt,modality,expected", [
-    ("llava-v1.6-mistral-7b", Prompt("What is written here?", images=[picture(640, 480)]), "image", 2340),
-    ("qwen3-vl-4b", Prompt("What is written here?", images=[picture(640, 480)]), "image", 300),
-    ("qwen3-omni-30b-a3b", Prompt("What is said?", audios=[np.zeros(3 * 16000, np.float32)]), "audio", 39),
-])
+@pytest.mark.parametrize(
+    "name,prompt,modality,expected",
+    [
+        ("llava-v1.6-mistral-7b", Prompt("What is written here?", images=[picture(640, 480)]), "image", 2340),
+        ("qwen3-vl-4b", Prompt("What is written here?", images=[picture(640, 480)]), "image", 300),
+        ("qwen3-omni-30b-a3b", Prompt("What is said?", audios=[np.zeros(3 * 16000, np.float32)]), "audio", 39),
+    ],
+)
 def test_shrunk_random_models_generate_with_the_real_processors(name, prompt, modality, expected):
     """The model checks that the processor's placeholders match the features its towers produce, so this also
     shows processor settings and architecture agree."""
     import quant
+    from harness.runner import answer
 
     spec = MODELS[name]
     adapter = load_random(ADAPTERS[spec.family], spec, device="cpu", dtype="float32", overrides=SHRINK[spec.family])
     assert adapter.weights == "random"
-    generation = adapter.generate(prompt, quant.get_method("oscar"), max_new_tokens=3)
+    [generation] = answer(adapter, [prompt], quant.get_method("oscar"), max_new_tokens=3)
     assert generation.modality_tokens[modality] == expected
     assert generation.new_tokens == 3
     cost = generation.cost
     assert cost["decode_steps"] == 2 and cost["prefill_s"] > 0 and cost["decode_s"] > 0
     assert cost["kv_bytes"] == generation.kv_bytes["total"] > 0 and cost["peak_cuda_bytes"] is None
-    assert adapter.costs == [cost]
 
 
 def test_random_weights_are_seeded_and_refuse_a_device_map():
     spec = MODELS["qwen3-8b"]
-    from harness.models.text import TextAdapter
+    from harness.models.text.adapter import TextAdapter
 
-    first, second, other = (load_random(TextAdapter, spec, device="cpu", dtype="float32", seed=s, overrides=TEXT)
-                            for s in (0, 0, 1))
+    first, second, other = (
+        load_random(TextAdapter, spec, device="cpu", dtype="float32", seed=s, overrides=TEXT) for s in (0, 0, 1)
+    )
     w = [a.model.model.layers[0].self_attn.q_proj.weight for a in (first, second, other)]
     assert torch.equal(w[0], w[1]) and not torch.equal(w[0], w[2])
     with pytest.raises(ValueError, match="device-map"):

@@ -1,4 +1,5 @@
 """Intervals and paired tests against hand-computed and analytic values."""
+
 from __future__ import annotations
 
 import math

@@ -1,20 +1,27 @@
-"""Tiny replicas: real model/processor classes, shrunken configs, offline tokenizers, deterministic."""
+"""Tiny presets (harness/models/synthetic.py): real model/processor classes, shrunken configs, offline tokenizers,
+deterministic."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness.models import tiny
 from harness.models import load as load_adapter
-from harness.models.common import modality_tags, count_modalities
-from harness.models.qwen3_vl import smart_resize
+from harness.models import tiny
+from harness.models.common import count_modalities, modality_tags
+from harness.models.qwen3_vl.adapter import smart_resize
 
 
-@pytest.mark.parametrize("family, model_cls", [("llava", "LlavaNextForConditionalGeneration"),
-                                               ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
-                                               ("qwen3_omni", "Qwen3OmniMoeForConditionalGeneration")])
+@pytest.mark.parametrize(
+    "family, model_cls",
+    [
+        ("llava", "LlavaNextForConditionalGeneration"),
+        ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+        ("qwen3_omni", "Qwen3OmniMoeForConditionalGeneration"),
+    ],
+)
 def test_replica_is_the_real_class_and_deterministic(family, model_cls):
-    a, b = tiny.build(family), tiny.build(family)
+    a, b = tiny(family), tiny(family)
     assert type(a.model).__name__ == model_cls
     cfg = a.text_config
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (2, 4, 2, 64)
@@ -24,7 +31,7 @@ def test_replica_is_the_real_class_and_deterministic(family, model_cls):
 
 
 def test_tokenizer_round_trip_and_specials():
-    tok = tiny.build("qwen3_vl").tokenizer
+    tok = tiny("qwen3_vl").tokenizer
     text = "Grüße <|image_pad|> 42"
     ids = tok(text)["input_ids"]
     assert tok.decode(ids) == text
@@ -32,10 +39,16 @@ def test_tokenizer_round_trip_and_specials():
 
 
 def test_registry_names_and_errors():
-    assert set(tiny.TINY_MODELS) == {"tiny-llava", "tiny-qwen3-vl", "tiny-qwen3-omni"}
+    from harness.models import MODELS
+
+    assert {n for n, s in MODELS.items() if s.hub_id.startswith("random:")} == {
+        "tiny-llava",
+        "tiny-qwen3-vl",
+        "tiny-qwen3-omni",
+    }
     assert load_adapter("tiny-qwen3-omni").spec.family == "qwen3_omni"
-    with pytest.raises(KeyError, match="tiny replica"):
-        tiny.build("gpt2")
+    with pytest.raises(KeyError, match="no tiny model 'gpt2'; choose one of tiny-llava"):
+        tiny("gpt2")
 
 
 def test_modality_helpers():

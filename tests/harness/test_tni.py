@@ -1,5 +1,6 @@
 """`oscar-eval tni` end to end: a real photo through a tiny replica, real SmolLM2 weights on text (its first token is
 the outlier the statistics must name)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -35,7 +36,7 @@ def test_tni_default_photo_through_tiny_llava(tmp_path, capsys):
 def test_encode_marked_tags_spans():
     from transformers import PreTrainedTokenizerFast
 
-    from harness.models.tiny import byte_tokenizer
+    from harness.models.synthetic import byte_tokenizer
 
     tok: PreTrainedTokenizerFast = byte_tokenizer("</s>", "<unk>", {})
     ids, tags = tni.encode_marked(tok, "ab<image>cde</image>f<audio>g</audio>")

@@ -1,5 +1,6 @@
 """CUDA sources: they compile for sm_90a with the machine's nvcc (CI), and on a GPU the kernels match the
 float64 oracle (decode: within 2x the error of a bf16 torch implementation) and the reference packer."""
+
 from __future__ import annotations
 
 import ast
@@ -60,11 +61,15 @@ def nvcc_compile(tag: str, source: str, flags: list[str], tmp_path: Path) -> tup
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         shutil.rmtree(work, ignore_errors=True)
-        pytest.fail(f"nvcc {tag} ran past {NVCC_TIMEOUT_S} s (load average {os.getloadavg()[0]:.1f} on "
-                    f"{os.cpu_count()} cores): {' '.join(cmd)}")
+        pytest.fail(
+            f"nvcc {tag} ran past {NVCC_TIMEOUT_S} s (load average {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} cores): {' '.join(cmd)}"
+        )
     seconds = time.monotonic() - t0
-    print(f"nvcc {tag}: compiled in {seconds:.1f} s (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
-          f"cores){f', kept in {entry}' if entry and res.returncode == 0 else ''}")
+    print(
+        f"nvcc {tag}: compiled in {seconds:.1f} s (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+        f"cores){f', kept in {entry}' if entry and res.returncode == 0 else ''}"
+    )
     if res.returncode != 0 and entry is not None:
         shutil.rmtree(work, ignore_errors=True)  # a failure is not kept: the next run compiles again
     assert res.returncode == 0, f"nvcc {tag} failed:\n{res.stderr[-4000:]}"
@@ -101,7 +106,9 @@ def test_wide_decode_compiles_without_spills(tmp_path):
     # window dtypes; its register budget (255 a thread) holds the two-tile kernels without local memory.
     src = '#include "include/oscar_decode.cuh"\n' + "".join(
         f"template cudaError_t oscar::launch_decode<{d}, {t}>(const oscar::DecodeParams&, int, cudaStream_t);\n"
-        for d in (64, 128) for t in ("__half", "__nv_bfloat16"))
+        for d in (64, 128)
+        for t in ("__half", "__nv_bfloat16")
+    )
     flags = kcuda.build_flags(128, "90a", *kcuda.WIDE)
     assert "-DOSCAR_WARPS=8" in flags and "-DOSCAR_MIN_BLOCKS=1" in flags
     obj, stderr = nvcc_compile("wide_decode", src, [*SM90A, "-DOSCAR_WARPS=8", "-DOSCAR_MIN_BLOCKS=1"], tmp_path)
@@ -157,8 +164,17 @@ def binding_calls(path: Path) -> list[tuple[int, str, str, int]]:
 
     def visit(node, bound):  # bound: names holding an extension in this scope (and the scopes around it)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            bound = {**bound, **{a.targets[0].id: loader(a.value) for a in ast.walk(node) if isinstance(a, ast.Assign)
-                                 and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and loader(a.value)}}
+            bound = {
+                **bound,
+                **{
+                    a.targets[0].id: loader(a.value)
+                    for a in ast.walk(node)
+                    if isinstance(a, ast.Assign)
+                    and len(a.targets) == 1
+                    and isinstance(a.targets[0], ast.Name)
+                    and loader(a.value)
+                },
+            }
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             recv = node.func.value
             kind = loader(recv) or (bound.get(recv.id) if isinstance(recv, ast.Name) else None)
@@ -179,21 +195,32 @@ def test_binding_calls_match_their_signatures():
     arities = {kind: binding_arities(source) for kind, source in BINDING_SOURCES.items()}
     assert arities["load"]["pack"] == 6 and arities["load"]["decode"] == 23 and arities["load_layers"]["gemv"] == 5
     repo = Path(__file__).resolve().parents[2]
-    files = [*(repo / "quant" / "kernels").glob("*.py"), *(repo / "harness" / "bench").rglob("*.py"),
-             *(repo / "tests" / "kernels").glob("*.py")]
+    files = [
+        *(repo / "quant" / "kernels").glob("*.py"),
+        *(repo / "harness" / "bench").rglob("*.py"),
+        *(repo / "tests" / "kernels").glob("*.py"),
+    ]
     found, wrong = set(), []
     for path in sorted(files):
         for line, kind, name, nargs in binding_calls(path):
             if name in arities[kind]:
                 found.add((path.relative_to(repo).as_posix(), name))
                 if nargs != arities[kind][name]:
-                    wrong.append(f"{path.relative_to(repo)}:{line}: {name} with {nargs} arguments, "
-                                 f"csrc/{BINDING_SOURCES[kind]} takes {arities[kind][name]}")
+                    wrong.append(
+                        f"{path.relative_to(repo)}:{line}: {name} with {nargs} arguments, "
+                        f"csrc/{BINDING_SOURCES[kind]} takes {arities[kind][name]}"
+                    )
     assert not wrong, "\n".join(wrong)
     # the scan sees the calls it is meant to (a scan that finds none would pass anything)
-    assert {("quant/kernels/cuda.py", "decode"), ("quant/kernels/cuda.py", "pack"), ("quant/kernels/fused_linear.py",
-            "gemv"), ("harness/bench/floor.py", "read_floor"), ("tests/kernels/test_csrc.py", "pack"),
-            ("tests/kernels/test_csrc.py", "decode"), ("tests/kernels/test_csrc.py", "rms_norm")} <= found, found
+    assert {
+        ("quant/kernels/cuda.py", "decode"),
+        ("quant/kernels/cuda.py", "pack"),
+        ("quant/kernels/fused_linear.py", "gemv"),
+        ("harness/bench/floor.py", "read_floor"),
+        ("tests/kernels/test_csrc.py", "pack"),
+        ("tests/kernels/test_csrc.py", "decode"),
+        ("tests/kernels/test_csrc.py", "rms_norm"),
+    } <= found, found
 
 
 def test_row_kernel_rule():
@@ -258,15 +285,18 @@ def test_experiment_flags_get_their_own_build(monkeypatch):
 
 @pytest.mark.cuda_kernels
 @pytest.mark.parametrize("window_cta", [False, True])  # window folded into the last split's CTA, or its own
-@pytest.mark.parametrize("group,d,rotate_values", [(1, 128, True), (4, 128, True), (8, 128, True), (4, 64, True),
-                                                   (4, 128, False), (8, 64, False)])
+@pytest.mark.parametrize(
+    "group,d,rotate_values",
+    [(1, 128, True), (4, 128, True), (8, 128, True), (4, 64, True), (4, 128, False), (8, 64, False)],
+)
 def test_cuda_decode_matches_oracle(group, d, rotate_values, window_cta):
     # rotate_values=False: V's rotation lives in the model's weights (OScaR's default), the output is not rotated back
     kv = random_packed_kv(3, 2, 640, 77, d, seed=group + d, device="cuda", rotate_values=rotate_values)
     kv_lens, res_lens = [640, 333, 97], [77, 1, 40]
     q = torch.randn(3, 2 * group, 1, d, generator=torch.Generator().manual_seed(d)).to(torch.bfloat16)
-    out = kcuda.decode_attention(q.cuda(), kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=128,
-                                 window_cta=window_cta)
+    out = kcuda.decode_attention(
+        q.cuda(), kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=128, window_cta=window_cta
+    )
     assert torch.isfinite(out).all()
     ref = attention_f64(q, kv, d**-0.5, kv_lens, res_lens)
     err, budget = relative_error(out, ref), relative_error(attention_bf16(q, kv, d**-0.5, kv_lens, res_lens), ref)
@@ -274,10 +304,18 @@ def test_cuda_decode_matches_oracle(group, d, rotate_values, window_cta):
 
 
 @pytest.mark.cuda_kernels
-@pytest.mark.parametrize("group,d,rotate_values,lq,dtype", [
-    (4, 128, False, 1, torch.bfloat16), (8, 128, False, 1, torch.bfloat16), (1, 64, False, 1, torch.bfloat16),
-    (8, 128, True, 1, torch.bfloat16), (8, 128, False, 2, torch.bfloat16), (4, 64, False, 3, torch.bfloat16),
-    (4, 128, False, 1, torch.float16)])
+@pytest.mark.parametrize(
+    "group,d,rotate_values,lq,dtype",
+    [
+        (4, 128, False, 1, torch.bfloat16),
+        (8, 128, False, 1, torch.bfloat16),
+        (1, 64, False, 1, torch.bfloat16),
+        (8, 128, True, 1, torch.bfloat16),
+        (8, 128, False, 2, torch.bfloat16),
+        (4, 64, False, 3, torch.bfloat16),
+        (4, 128, False, 1, torch.float16),
+    ],
+)
 def test_cuda_decode_one_cta_per_row(group, d, rotate_values, lq, dtype):
     # Rows of one split with the window folded into its CTA (the thinker's 64 x 4K plan), V's rotation in the weights
     # (decode_row_kernel: the window after the groups in one state, no merge) or in the cache (decode_split_kernel and
@@ -285,21 +323,26 @@ def test_cuda_decode_one_cta_per_row(group, d, rotate_values, lq, dtype):
     # leaves its counters at zero, so a second call gives the same bits; 5 splits (decode_split_kernel) agree. Lq > 1
     # (speculative tokens, causal inside the window; 16 and 12 query rows: the two-tile kernels) and an fp16 model too.
     # (A row whose window holds fewer than Lq - 1 of its new tokens is refused: the kernels do not mask packed tokens.)
-    kv = random_packed_kv(4, 2, 640, 77, d, seed=3 * group + d + lq, device="cuda", rotate_values=rotate_values,
-                          res_dtype=dtype)
+    kv = random_packed_kv(
+        4, 2, 640, 77, d, seed=3 * group + d + lq, device="cuda", rotate_values=rotate_values, res_dtype=dtype
+    )
     kv_lens, res_lens = [640, 333, 0, 97], [77, 3, 40, lq - 1]  # the last: the first new token packed (Lq > 1)
     q = torch.randn(4, 2 * group, lq, d, generator=torch.Generator().manual_seed(group)).to(dtype).cuda()
     ref = attention_f64(q.cpu(), kv, d**-0.5, kv_lens, res_lens)
     budget = relative_error(attention_bf16(q.cpu(), kv, d**-0.5, kv_lens, res_lens), ref)
     outs = []
     for _ in range(2):  # a second call: the same bits (the merge's counters were left as they were)
-        outs.append(kcuda.decode_attention(q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=640,
-                                           window_cta=False))
+        outs.append(
+            kcuda.decode_attention(
+                q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=640, window_cta=False
+            )
+        )
         assert relative_error(outs[-1], ref) <= 2 * budget
     assert torch.equal(outs[0], outs[1])
     assert int(kcuda._counters(q.device, 8).count_nonzero()) == 0
-    several = kcuda.decode_attention(q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=128,
-                                     window_cta=False)  # 5 splits, the window in the last one's CTA
+    several = kcuda.decode_attention(
+        q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=128, window_cta=False
+    )  # 5 splits, the window in the last one's CTA
     assert relative_error(several, ref) <= 2 * budget
     assert (several.float() - outs[0].float()).abs().max() <= 2e-2 * outs[0].float().abs().max()
 
@@ -312,8 +355,12 @@ def test_cuda_decode_launch_orders_agree_bit_for_bit(window_cta):
     kv = random_packed_kv(5, 2, 704, 90, 128, seed=11, device="cuda", rotate_values=False)
     kv_lens, res_lens = [700, 333, 97, 0, 650], [90, 1, 40, 5, 0]
     q = torch.randn(5, 8, 1, 128, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).cuda()
-    outs = [kcuda.decode_attention(q, kv, 0.088, kv_lens=kv_lens, res_lens=res_lens, split_tokens=96,
-                                   window_cta=window_cta, order=o) for o in (0, 1, 2)]
+    outs = [
+        kcuda.decode_attention(
+            q, kv, 0.088, kv_lens=kv_lens, res_lens=res_lens, split_tokens=96, window_cta=window_cta, order=o
+        )
+        for o in (0, 1, 2)
+    ]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     ref = attention_f64(q.cpu(), kv, 0.088, kv_lens, res_lens)
     bf16_err = relative_error(attention_bf16(q.cpu(), kv, 0.088, kv_lens, res_lens), ref)
@@ -332,10 +379,14 @@ def test_wide_decode_matches_oracle(group, d, lq):
     q = torch.randn(3, 2 * group, lq, d, generator=torch.Generator().manual_seed(d)).to(torch.bfloat16).cuda()
     ref = attention_f64(q.cpu(), kv, d**-0.5, kv_lens, res_lens)
     budget = relative_error(attention_bf16(q.cpu(), kv, d**-0.5, kv_lens, res_lens), ref)
-    for opts in [dict(split_tokens=128, window_cta=False), dict(split_tokens=128, window_cta=True), {},
-                 dict(split_tokens=128, window_cta=True, merge_group=3), dict(split_tokens=1280, window_cta=False)]:
-        out = kcuda.decode_attention(q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, min_blocks=1, warps=8,
-                                     **opts)
+    for opts in [
+        dict(split_tokens=128, window_cta=False),
+        dict(split_tokens=128, window_cta=True),
+        {},
+        dict(split_tokens=128, window_cta=True, merge_group=3),
+        dict(split_tokens=1280, window_cta=False),
+    ]:
+        out = kcuda.decode_attention(q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, min_blocks=1, warps=8, **opts)
         assert torch.isfinite(out).all() and relative_error(out, ref) <= 2 * budget, opts
     assert int(kcuda._counters(q.device, 64).count_nonzero()) == 0  # every merge left its counters at zero
 
@@ -365,11 +416,31 @@ def test_binding_checks_raise_with_their_numbers():
         mod.pack(k, k, True, True, False, False)  # k, v, rotate, token_norm, rotate_values, integer_zero
     q, none = torch.randn(1, 8, 1, 64, device="cuda", dtype=torch.bfloat16), torch.empty(0, device="cuda")
     with pytest.raises(RuntimeError, match=r"q must be \[B, Hq, Lq, 128\]"):  # its first check, on q's head dim
-        mod.decode(q, none, none, none, none, none, none, none,  # kc, ks, kz, vc, vs, vz, norms
-                   none, none, none, none, none,  # k_res, v_res, kv_lens, res_lens, counters
-                   0, 0, 32, 0.125,  # tokens, num_splits, split_tokens, scaling
-                   True, False, False,  # rotate, rotate_out, window_cta
-                   0, 0, none)  # order, merge_group, trace
+        mod.decode(
+            q,
+            none,
+            none,
+            none,
+            none,
+            none,
+            none,
+            none,  # kc, ks, kz, vc, vs, vz, norms
+            none,
+            none,
+            none,
+            none,
+            none,  # k_res, v_res, kv_lens, res_lens, counters
+            0,
+            0,
+            32,
+            0.125,  # tokens, num_splits, split_tokens, scaling
+            True,
+            False,
+            False,  # rotate, rotate_out, window_cta
+            0,
+            0,
+            none,
+        )  # order, merge_group, trace
     layers = kcuda.load_layers()
     x = torch.randn(2, 12, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="got n 12"):
@@ -390,8 +461,12 @@ def test_several_wave_plan_with_window_ctas_last_matches_oracle():
     assert plan["window_cta"] and plan["order"] == kcuda.ORDER_SPECIAL_LAST
     assert plan["ctas"] == 512 * (plan["splits"] + 1)
     out = kcuda.decode_attention(q, kv, 0.125)
-    assert torch.equal(out, kcuda.decode_attention(q, kv, 0.125, window_cta=True, order=kcuda.ORDER_ROWS,
-                                                   split_tokens=plan["split_tokens"]))
+    assert torch.equal(
+        out,
+        kcuda.decode_attention(
+            q, kv, 0.125, window_cta=True, order=kcuda.ORDER_ROWS, split_tokens=plan["split_tokens"]
+        ),
+    )
     ref = attention_f64(q.cpu(), kv, 0.125)
     assert relative_error(out, ref) <= 2 * relative_error(attention_bf16(q.cpu(), kv, 0.125), ref)
 
@@ -457,8 +532,9 @@ def test_cuda_decode_two_level_merge(d, group, merge_group):
     kv = random_packed_kv(2, 2, 1344, 50, d, seed=d + group, device="cuda", rotate_values=group != 4)
     kv_lens, res_lens = [1344, 700], [50, 3]
     q = torch.randn(2, 2 * group, 1, d, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).cuda()
-    run = functools.partial(kcuda.decode_attention, q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens,
-                            split_tokens=64, window_cta=True)
+    run = functools.partial(
+        kcuda.decode_attention, q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, split_tokens=64, window_cta=True
+    )
     two, one = run(merge_group=merge_group), run(merge_group=0)
     assert torch.equal(two, run(merge_group=merge_group))  # the group counters were reset for the next call
     ref = attention_f64(q.cpu(), kv, d**-0.5, kv_lens, res_lens)
@@ -507,16 +583,25 @@ def test_read_floor_reads_every_byte():
 
 
 @pytest.mark.cuda_kernels
-@pytest.mark.parametrize("rotate,token_norm,rotate_values,zero_point", [
-    (False, False, False, "float"), (False, True, False, "float"), (True, True, True, "float"),
-    (True, True, False, "float"), (False, False, False, "integer"), (True, True, False, "integer")])
+@pytest.mark.parametrize(
+    "rotate,token_norm,rotate_values,zero_point",
+    [
+        (False, False, False, "float"),
+        (False, True, False, "float"),
+        (True, True, True, "float"),
+        (True, True, False, "float"),
+        (False, False, False, "integer"),
+        (True, True, False, "integer"),
+    ],
+)
 def test_cuda_pack_matches_reference(rotate, token_norm, rotate_values, zero_point):
     g = torch.Generator().manual_seed(13)
     k = (torch.randn(2, 8, 256, 128, generator=g) * 3).to(torch.bfloat16).cuda()
     v = torch.randn(2, 8, 256, 128, generator=g).to(torch.bfloat16).cuda()
     cfg = OScaRConfig(rotation="hadamard" if rotate else "none", token_norm=token_norm, zero_point=zero_point)
-    ref = pack_block(k, v, cfg, hadamard(128, device="cuda") if rotate else None, rotate_values=rotate_values,
-                     backend="torch")
+    ref = pack_block(
+        k, v, cfg, hadamard(128, device="cuda") if rotate else None, rotate_values=rotate_values, backend="torch"
+    )
     got = kcuda.pack_kv(k, v, rotate, token_norm, rotate_values=rotate_values, zero_point=zero_point)
     if rotate and not rotate_values:  # values as they come: the frag words of the reference's, bit for bit
         f = ref[1].to_order("frag")
@@ -536,8 +621,10 @@ def test_cuda_pack_matches_reference(rotate, token_norm, rotate_values, zero_poi
 
 
 @pytest.mark.cuda_kernels
-@pytest.mark.parametrize("d,heads,dtype", [(128, 8, torch.bfloat16), (128, 8, torch.float16), (128, 8, torch.float32),
-                                           (64, 16, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "d,heads,dtype",
+    [(128, 8, torch.bfloat16), (128, 8, torch.float16), (128, 8, torch.float32), (64, 16, torch.bfloat16)],
+)
 def test_cuda_pack_resident_schedule_gives_the_streamed_bits(d, heads, dtype):
     # A long prefill whose heads fill the CTA's stages once (2 per slot) takes the K-resident schedule when its rows
     # are 16-byte aligned; the same values one element off that alignment take the streamed schedule with plain loads.
@@ -612,14 +699,16 @@ def test_decode_plan_picks_the_single_wave_whose_slowest_sm_ends_first():
     # qwen3 1x128K 32 splits (two long CTAs on every SM; 33 would put three on 6 SMs), llava 1x128K 11,
     # 16x32K 2 (the window folded, weighed into the last split), 1x32K 32; several waves keep the wave rule.
     assert kcuda.decode_plan(130944, 8, 132, 3, 64) == (4096, 32, True)
-    assert kcuda.slowest_sm(130944, 8, 3968, 33, 132, True, 64) > 1.4 * kcuda.slowest_sm(130944, 8, 4096, 32, 132,
-                                                                                            True, 64)
+    assert kcuda.slowest_sm(130944, 8, 3968, 33, 132, True, 64) > 1.4 * kcuda.slowest_sm(
+        130944, 8, 4096, 32, 132, True, 64
+    )
     # 32 rows (LLaVA 1 x 128K): 8 splits with the window folded, two long CTAs on 124 SMs, beat 11 splits and the window
     # CTAs, three long CTAs on 110 SMs (H100: 171.7 / 158.6 -> 161.2 / 150.6 us); the model says so too
     assert kcuda.decode_plan(130944, 32, 132, 3, 64) == (16512, 8, False)
     assert kcuda.decode_plan(130944, 32, 132, 3, 64, window_cta=True) == (11904, 11, True)
-    assert kcuda.slowest_sm(130944, 32, 16512, 8, 132, False, 64) < kcuda.slowest_sm(130944, 32, 11904, 11, 132,
-                                                                                         True, 64)
+    assert kcuda.slowest_sm(130944, 32, 16512, 8, 132, False, 64) < kcuda.slowest_sm(
+        130944, 32, 11904, 11, 132, True, 64
+    )
     assert kcuda.decode_plan(32640, 32, 132, 3, 128) == (4224, 8, False)  # LLaVA 1 x 32K (was 7 and window CTAs)
     # a folded plan of one CTA an SM lost where the model preferred it (LLaVA 1 x 8K: 4 folded splits, 128 CTAs, +12%
     # after the read-only flush): the window CTAs stay
@@ -721,8 +810,15 @@ def test_e2e_profile_groups_kernels_by_kind():
     assert kind_of("rms_norm_kernel") == "norm"  # the fused RMSNorm (Triton), not the pack
     assert kind_of("rope_kernel") == "rope"  # the fused RoPE (Triton)
     assert kind_of("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"
-    events = [("nvjet_a", 30.0), ("nvjet_a", 30.0), ("elementwise_x", 2.0), ("elementwise_x", 2.0),
-              ("oscar::decode_split_kernel", 10.0), ("nvjet_a", 30.0), ("elementwise_x", 2.0)]
+    events = [
+        ("nvjet_a", 30.0),
+        ("nvjet_a", 30.0),
+        ("elementwise_x", 2.0),
+        ("elementwise_x", 2.0),
+        ("oscar::decode_split_kernel", 10.0),
+        ("nvjet_a", 30.0),
+        ("elementwise_x", 2.0),
+    ]
     s = summarize_kernels(events, steps=1)
     assert s["kernels"] == 7 and s["kernel_us"] == 106.0
     assert list(s["by_kind"]) == ["gemm", "attention", "other"]

@@ -3,6 +3,7 @@ float32 torch reference rounded to the output dtype (FlashAttention's rule, `att
 (or one Triton program) reads a whole long row. An error that grows with the tokens a split reads (something summed
 in low precision, or a large offset cancelled at the end) shows here first: such rows put the most terms into one
 running sum."""
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,15 @@ def issue_cache(b: int, hkv: int, t: int, d: int, seed: int) -> tuple[PackedKV, 
     k = torch.randn(b, hkv, t + WINDOW, d, device="cuda", generator=g).to(torch.bfloat16)
     v = torch.randn(b, hkv, t + WINDOW, d, device="cuda", generator=g).to(torch.bfloat16)
     kq, vq, norms = kcuda.pack_kv(k[:, :, :t], v[:, :, :t], rotate_values=False)
-    kv = PackedKV(kq, vq, norms, k[:, :, t:].contiguous(), v[:, :, t:].contiguous(), hadamard(d, device="cuda"),
-                  values_rotated=False)
+    kv = PackedKV(
+        kq,
+        vq,
+        norms,
+        k[:, :, t:].contiguous(),
+        v[:, :, t:].contiguous(),
+        hadamard(d, device="cuda"),
+        values_rotated=False,
+    )
     return kv, g
 
 
@@ -49,12 +57,15 @@ def check_rule(out: torch.Tensor, q: torch.Tensor, kv: PackedKV, scaling: float,
 
 
 @pytest.mark.cuda_kernels
-@pytest.mark.parametrize("tokens,group,lq,d", [
-    (32768, 4, 1, 128),  # one CTA a row through decode_split_kernel (past the row kernel's 24576 tokens)
-    (24576, 4, 1, 128),  # decode_row_kernel: the window in the same state after the groups
-    (32768, 8, 2, 128),  # 16 query rows: two head tiles
-    (32768, 8, 1, 64),
-])
+@pytest.mark.parametrize(
+    "tokens,group,lq,d",
+    [
+        (32768, 4, 1, 128),  # one CTA a row through decode_split_kernel (past the row kernel's 24576 tokens)
+        (24576, 4, 1, 128),  # decode_row_kernel: the window in the same state after the groups
+        (32768, 8, 2, 128),  # 16 query rows: two head tiles
+        (32768, 8, 1, 64),
+    ],
+)
 @pytest.mark.parametrize("build", ["narrow", "wide"])
 def test_cuda_decode_one_long_split_per_row(tokens, group, lq, d, build):
     # The issue's shape (random bf16 q/K/V, the CUDA pack, a 64-token window) with every row forced into one split:

@@ -7,6 +7,7 @@ as (B + code_lo, B + code_hi) (offset B = 16 or 4 by slot), value codes as subno
 lane by lane, with the PTX m16n8k16 fragment layouts, and checks that the matrices they build are the natural K
 (token rows) and V^T (channel rows) of the block, and that the same token map serves norms, value scales and P^T.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -125,7 +126,11 @@ def test_token_map_serves_norms_scales_and_p():
     for g in range(8):  # S^T rows g, g + 8 of both tiles: the kernel's norm offsets
         base = 8 * (g >> 1) + (g & 1)
         assert [frag_token(0, g), frag_token(0, g + 8), frag_token(1, g), frag_token(1, g + 8)] == [
-            base, base + 2, base + 4, base + 6]
+            base,
+            base + 2,
+            base + 4,
+            base + 6,
+        ]
     for c in range(4):  # P^T B fragments (k = 2c, 2c+1 | 2c+8, 2c+9 of step kt) = value-scale chunk c, pairs
         got = [frag_token(kt, 2 * c + 8 * hi + e) for kt in range(2) for hi in range(2) for e in range(2)]
         assert got == list(range(8 * c, 8 * c + 8))

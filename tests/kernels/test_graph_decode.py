@@ -1,11 +1,12 @@
-"""OScaR's kernel-path decode step with a fixed window (quant.methods.oscar.OScaRLayer._fast_step) and its replay
-as CUDA graphs inside `generate` (quant.kernels.graph_decode).
+"""OScaR's kernel-path decode step with a fixed window (quant.engine.oscar.OScaRStepLayer._fast_step) and its replay
+as CUDA graphs inside `generate` (quant.engine.graphs).
 
 On the CPU: the fixed window stores what the reference path stores, step by step and across flushes, and says
 when a step may be replayed; the reference attention honours the device lengths. On a GPU: generate with graph
 steps gives the eager steps' tokens and logits bit for bit (tiny Qwen3, and the three multimodal replicas
 through their adapters), and a capture that cannot work falls back to eager steps without losing a token.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,17 +16,26 @@ import pytest
 import torch
 
 from quant.cache import make_cache
+from quant.engine import GraphDecoder, decode_graphs, graphs_enabled
+from quant.engine.graphs import signature
 from quant.kernels import KernelOptions, decode_attention, valid_part
-from quant.kernels.graph_decode import GraphDecoder, decode_graphs, graphs_enabled, signature
 from quant.kernels.reference import random_packed_kv
+from tests.kernels.traits_for_tests import prepared
 
 transformers = pytest.importorskip("transformers")
 
 
 def qwen3_config(layers=2):
-    return transformers.Qwen3Config(vocab_size=128, hidden_size=128, intermediate_size=128, num_hidden_layers=layers,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                                    max_position_embeddings=1024)
+    return transformers.Qwen3Config(
+        vocab_size=128,
+        hidden_size=128,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=1024,
+    )
 
 
 def test_fixed_window_stores_what_the_reference_stores_and_says_when_to_replay():
@@ -124,8 +134,9 @@ def test_which_calls_a_graph_takes():
 
 
 # ----------------------------------------------------------------------------- on a GPU
-def assert_same_or_near_tie(got: torch.Tensor, reference: torch.Tensor, reference_logits: torch.Tensor,
-                            tolerance: float = 0.05) -> None:
+def assert_same_or_near_tie(
+    got: torch.Tensor, reference: torch.Tensor, reference_logits: torch.Tensor, tolerance: float = 0.05
+) -> None:
     """Greedy tokens [T] equal to the reference's, or parting where the reference's two best logits (its logits
     [T, V] at that step) lie within `tolerance`: bf16 GEMMs of another shape or device may round such a tie the
     other way, after which the sequences rightly differ."""
@@ -142,12 +153,20 @@ def tiny_qwen3():
 
 def generate(model, prompt, new, graphs: bool):
     """(sequences, stacked logits, the decoder's counts or None, the cache) of a greedy `new`-token generation."""
-    cache = make_cache("oscar", model)
-    assert cache.state.fast_decode
-    dec = GraphDecoder(model, cache) if graphs else contextlib.nullcontext()
-    with torch.inference_mode(), dec:
-        out = model.generate(prompt, past_key_values=cache, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True)
+    with prepared(model, "oscar") as prep:
+        cache = prep.make_cache()
+        assert cache.state.fast_decode
+        dec = GraphDecoder(model, cache) if graphs else contextlib.nullcontext()
+        with torch.inference_mode(), dec:
+            out = model.generate(
+                prompt,
+                past_key_values=cache,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
     return out.sequences, torch.stack(out.logits, 1), dec.counts if graphs else None, cache
 
 
@@ -182,18 +201,27 @@ def test_padded_batch_replays_graphs_and_gives_each_prompt_its_batch1_tokens(met
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for b, p in enumerate(prompts):
-        ids[b, width - len(p):], mask[b, width - len(p):] = p, 1
+        ids[b, width - len(p) :], mask[b, width - len(p) :] = p, 1
     ids, mask = ids.cuda(), mask.cuda()
 
     def run(ids, mask, graphs):
-        cache = make_cache(method, model)
-        cache.set_padding(mask)
-        dec = GraphDecoder(model, cache) if graphs else contextlib.nullcontext()
-        with torch.inference_mode(), dec:
-            out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=150,
-                                 min_new_tokens=150, do_sample=False, output_logits=True,
-                                 return_dict_in_generate=True, pad_token_id=0)
-        return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, 1), dec.counts if graphs else None
+        with prepared(model, method) as prep:
+            cache = prep.make_cache()
+            cache.set_padding(mask)
+            dec = GraphDecoder(model, cache) if graphs else contextlib.nullcontext()
+            with torch.inference_mode(), dec:
+                out = model.generate(
+                    ids,
+                    attention_mask=mask,
+                    past_key_values=cache,
+                    max_new_tokens=150,
+                    min_new_tokens=150,
+                    do_sample=False,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                    pad_token_id=0,
+                )
+        return out.sequences[:, ids.shape[1] :], torch.stack(out.logits, 1), dec.counts if graphs else None
 
     eager_ids, eager_logits, _ = run(ids, mask, graphs=False)
     got, logits, counts = run(ids, mask, graphs=True)
@@ -238,10 +266,13 @@ def test_a_capture_that_fails_falls_back_to_eager_steps_without_losing_tokens():
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["llava", "qwen3_vl", "qwen3_omni"])
 def test_multimodal_adapters_decode_the_same_with_graphs(family, monkeypatch):
-    from harness.models import tiny
+    import quant
+    from harness.models import tiny, traits_of
+    from harness.models.base import cache_argument
+    from harness.runner import Runner
     from tests.harness.test_adapters import prompt_for
 
-    adapter = tiny.build(family, device="cuda", dtype="bfloat16")
+    adapter = tiny(family, device="cuda", dtype="bfloat16")
     inputs = adapter.build_inputs(prompt_for(adapter)).to(device=adapter.device, dtype=adapter.model.dtype)
     seen = []
     exit_ = GraphDecoder.__exit__
@@ -253,9 +284,14 @@ def test_multimodal_adapters_decode_the_same_with_graphs(family, monkeypatch):
     monkeypatch.setattr(GraphDecoder, "__exit__", record)
     outs = {}
     for graphs in ("0", "1"):
-        adapter.kernels = KernelOptions(cuda_graphs=graphs == "1")
-        cache = adapter.make_cache("oscar", inputs)
-        outs[graphs] = adapter.generate_ids(inputs, cache, 150, min_new_tokens=150)
+        kernels = KernelOptions(cuda_graphs=graphs == "1")
+        with Runner(adapter, quant.get_method("oscar"), kernels, traits_of(adapter.spec.name)) as runner:
+            cache = runner.make_cache(inputs)
+            with torch.inference_mode(), decode_graphs(adapter.generator, cache):
+                out = adapter.generator.generate(
+                    **inputs, **cache_argument(cache), max_new_tokens=150, min_new_tokens=150, do_sample=False
+                )
+        outs[graphs] = out[:, inputs["input_ids"].shape[1] :]
     assert torch.equal(outs["0"], outs["1"])
     assert len(seen) == 1 and seen[0]["replayed"] > 100, seen
     assert cache.state.graph_steps == seen[0]["captured"] + seen[0]["replayed"]  # what the results record

@@ -1,5 +1,6 @@
 """quant.kernels.build: the ahead-of-time build of the CUDA extensions (the builds themselves run on a GPU; here the
 spec parsing and the report of a build that fails, which on a machine without a GPU is every build)."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """The fast path through transformers: a tiny random Qwen3 decoding over an OScaR cache on the kernel path (Triton
 kernels; interpreter on the CPU) gives the logits of the same cache on the torch reference path."""
+
 from __future__ import annotations
 
 import os
@@ -12,16 +13,25 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 transformers = pytest.importorskip("transformers")
 
+import quant  # noqa: E402
 from quant.cache import make_cache  # noqa: E402
 from quant.kernels import KernelOptions, hf_decode  # noqa: E402
+from tests.kernels.traits_for_tests import ALL, prepared  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def tiny_qwen3():
-    cfg = transformers.Qwen3Config(vocab_size=128, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                                   max_position_embeddings=512)
+    cfg = transformers.Qwen3Config(
+        vocab_size=128,
+        hidden_size=128,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     return transformers.Qwen3ForCausalLM(cfg).to(DEV).eval()
 
@@ -88,19 +98,20 @@ def test_filled_batch_of_equal_lengths_takes_the_kernels():
 
 
 def test_quantized_cache_switches_to_the_kernels_and_matches_the_reference():
-    """make_cache('oscar', model) on a kernel backend: decode steps hand PackedKV to the kernels (Triton
+    """A model prepared for OScaR on a kernel backend: decode steps hand PackedKV to the kernels (Triton
     here), and the logits follow the torch reference path of the same cache across a 128-token flush."""
     model = tiny_qwen3()
     prompt = torch.randint(0, 128, (1, 250), generator=torch.Generator().manual_seed(1)).to(DEV)
-    ref_cache = make_cache("oscar", model, kernels=KernelOptions(backend="torch"))
-    assert not ref_cache.state.fast_decode
-    ref = decode_logits(model, ref_cache, prompt, 8)
-    fast_cache = make_cache("oscar", model, kernels=KernelOptions(backend="triton"))
-    assert fast_cache.state.fast_decode
-    fast = decode_logits(model, fast_cache, prompt, 8)
+    with prepared(model, "oscar", KernelOptions(backend="torch")) as prep:
+        ref_cache = prep.make_cache()
+        assert not ref_cache.state.fast_decode
+        ref = decode_logits(model, ref_cache, prompt, 8)
+    with prepared(model, "oscar", KernelOptions(backend="triton")) as prep:
+        fast_cache = prep.make_cache()
+        assert fast_cache.state.fast_decode
+        fast = decode_logits(model, fast_cache, prompt, 8)
     assert fast_cache.layers[0].k_q.num_tokens == 256  # 250 + 8 tokens: the second block flushed mid-decode
     assert torch.allclose(fast.float(), ref.float(), atol=2e-3, rtol=2e-3)
-    model.set_attn_implementation("sdpa")
 
 
 def test_a_short_prompt_flushes_its_first_block_during_decoding():
@@ -108,13 +119,14 @@ def test_a_short_prompt_flushes_its_first_block_during_decoding():
     the packed buffers only up to their valid length, as the reference path does."""
     model = tiny_qwen3()
     prompt = torch.randint(0, 128, (1, 100), generator=torch.Generator().manual_seed(5)).to(DEV)
-    ref = decode_logits(model, make_cache("oscar", model, kernels=KernelOptions(backend="torch")), prompt, 40)
-    fast_cache = make_cache("oscar", model, kernels=KernelOptions(backend="triton"))
-    fast = decode_logits(model, fast_cache, prompt, 40)
+    with prepared(model, "oscar", KernelOptions(backend="torch")) as prep:
+        ref = decode_logits(model, prep.make_cache(), prompt, 40)
+    with prepared(model, "oscar", KernelOptions(backend="triton")) as prep:
+        fast_cache = prep.make_cache()
+        fast = decode_logits(model, fast_cache, prompt, 40)
     layer = fast_cache.layers[0]
     assert layer.k_q.num_tokens == 128 and layer._kbuf.num_tokens > 128 and int(layer._kv_lens[0]) == 128
     assert torch.allclose(fast.float(), ref.float(), atol=2e-3, rtol=2e-3)
-    model.set_attn_implementation("sdpa")
 
 
 def test_left_padded_batches_stay_on_the_masked_reference_path():
@@ -127,11 +139,16 @@ def test_left_padded_batches_stay_on_the_masked_reference_path():
     mask[1, :12] = 0  # row 1 is left-padded
     outs = {}
     for backend in ("torch", "triton"):
-        cache = make_cache("oscar", model, kernels=KernelOptions(backend=backend))
-        outs[backend] = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=4,
-                                       do_sample=False, pad_token_id=0)
+        with prepared(model, "oscar", KernelOptions(backend=backend)) as prep:
+            outs[backend] = model.generate(
+                ids,
+                attention_mask=mask,
+                past_key_values=prep.make_cache(),
+                max_new_tokens=4,
+                do_sample=False,
+                pad_token_id=0,
+            )
     assert torch.equal(outs["torch"], outs["triton"])
-    model.set_attn_implementation("sdpa")
 
 
 def test_decode_mask_is_none_only_for_unpadded_single_token_steps():
@@ -156,7 +173,8 @@ def test_bf16_fixed_buffers_decode_as_the_plain_cache():
     plain = make_cache("bf16", model, kernels=KernelOptions(backend="torch"))
     assert not plain.state.fast_decode
     ref = decode_logits(model, plain, prompt, 10)
-    fixed = make_cache("bf16", model, kernels=KernelOptions(backend="triton"))
+    prep = quant.prepare_model(model, "bf16", KernelOptions(backend="triton"), ALL)
+    fixed = prep.make_cache()
     assert fixed.state.fast_decode
     ready = []
     out = model(prompt, past_key_values=fixed, use_cache=True)
@@ -172,4 +190,4 @@ def test_bf16_fixed_buffers_decode_as_the_plain_cache():
     layer = fixed.layers[0]
     assert layer._buf[0].shape[-2] == 512 and layer.keys.shape[-2] == 260 == int(layer._len[0])
     assert fixed.nbytes()["total"] == plain.nbytes()["total"]
-    model.set_attn_implementation("sdpa")
+    prep.undo()

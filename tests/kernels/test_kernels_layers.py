@@ -5,13 +5,14 @@ Same rules as the Triton kernels' tests (tests/kernels/test_kernels_norm.py, tes
 against float64 is at most 2x transformers' own; RoPE gives transformers' bits. The layout checks that decide between
 the CUDA and Triton kernels run on the CPU too.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 import torch
 
 from quant.kernels import cuda as kcuda
+from tests.kernels.traits_for_tests import ALL
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-6
@@ -72,8 +73,10 @@ def test_rope_layout_check():
 
 @pytest.mark.cuda_kernels
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows,n", [(1, 8), (3, 64), (17, 128), (5, 136), (2, 1000), (1, 4096), (33, 4096),
-                                    (3, 5120), (2, 16384), (300, 128)])
+@pytest.mark.parametrize(
+    "rows,n",
+    [(1, 8), (3, 64), (17, 128), (5, 136), (2, 1000), (1, 4096), (33, 4096), (3, 5120), (2, 16384), (300, 128)],
+)
 def test_cuda_rms_norm_matches_transformers(rows, n, dtype):
     x, w = inputs((rows, n), dtype, seed=rows * 7 + n)
     check_norm(x, w)
@@ -95,13 +98,16 @@ def test_cuda_rms_norm_views_and_edge_rows():
 
 @pytest.mark.cuda_kernels
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("b,hq,hk,length,d,layout,cos_batch", [
-    (3, 8, 2, 1, 128, "blhd", None),  # a decode step, GQA 4, transposed views
-    (2, 4, 4, 37, 64, "bhld", None),  # a prefill of odd length
-    (2, 6, 3, 5, 80, "blhd", 1),      # head_dim 80, cos shared by the batch
-    (1, 32, 8, 3, 128, "bhld", None), # Qwen3-8B heads
-    (1, 40, 8, 1, 128, "blhd", None), # 48 heads x 16 items: several rounds of the CTA's threads
-])
+@pytest.mark.parametrize(
+    "b,hq,hk,length,d,layout,cos_batch",
+    [
+        (3, 8, 2, 1, 128, "blhd", None),  # a decode step, GQA 4, transposed views
+        (2, 4, 4, 37, 64, "bhld", None),  # a prefill of odd length
+        (2, 6, 3, 5, 80, "blhd", 1),  # head_dim 80, cos shared by the batch
+        (1, 32, 8, 3, 128, "bhld", None),  # Qwen3-8B heads
+        (1, 40, 8, 1, 128, "blhd", None),  # 48 heads x 16 items: several rounds of the CTA's threads
+    ],
+)
 def test_cuda_rope_gives_transformers_bits(dtype, b, hq, hk, length, d, layout, cos_batch):
     from tests.kernels.test_kernels_rope import hf_rope
     from tests.kernels.test_kernels_rope import inputs as rope_inputs
@@ -128,11 +134,15 @@ def test_patched_models_take_the_chosen_kernels(monkeypatch, backend):
 
     monkeypatch.setattr(modeling_qwen3, "apply_rotary_pos_emb", modeling_qwen3.apply_rotary_pos_emb)  # restored after
     calls = {"cuda": 0, "triton": 0}
-    for mod, name, kind in ((kcuda, "rope", "cuda"), (triton_rope, "rope", "triton"),
-                            (triton_norm, "rms_norm", "triton")):
+    for mod, name, kind in (
+        (kcuda, "rope", "cuda"),
+        (triton_rope, "rope", "triton"),
+        (triton_norm, "rms_norm", "triton"),
+    ):
         real = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, _real=real, _kind=kind: calls.__setitem__(_kind, calls[_kind] + 1)
-                            or _real(*a))
+        monkeypatch.setattr(
+            mod, name, lambda *a, _real=real, _kind=kind: calls.__setitem__(_kind, calls[_kind] + 1) or _real(*a)
+        )
     real_load = kcuda.load_layers
 
     class Counting:  # counts the C++ norm launches of the patched forwards
@@ -145,16 +155,23 @@ def test_patched_models_take_the_chosen_kernels(monkeypatch, backend):
             return getattr(self.mod, name)
 
     monkeypatch.setattr(kcuda, "load_layers", lambda: Counting(real_load()))
-    cfg = Qwen3Config(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=64)
+    cfg = Qwen3Config(
+        vocab_size=128,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+    )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     ids = torch.randint(0, 128, (1, 20), device="cuda")
     with torch.no_grad():
         before = model(ids).logits
         ref = model.generate(ids, max_new_tokens=6, do_sample=False)
-        triton_norm.fuse_rms_norms(model, cuda_launch=backend == "cuda")
-        triton_rope.fuse_rotary(model, cuda_launch=backend == "cuda")
+        triton_norm.fuse_rms_norms(model, ALL, cuda_launch=backend == "cuda")
+        triton_rope.fuse_rotary(model, ALL, cuda_launch=backend == "cuda")
         after = model(ids).logits
         out = model.generate(ids, max_new_tokens=6, do_sample=False)
     assert ((after.float() - before.float()).norm() / before.float().norm()).item() < 1e-2

@@ -5,6 +5,7 @@ Rule for the kernel (GPU): its error against float64 is at most 2x the error of 
 dtypes) against float64, plus a tiny floor. Without a GPU the patching and the fallbacks are checked: a CPU model
 must come out bit-identical, since every patched layer takes torch's path there.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,14 +17,21 @@ import torch
 import torch.nn.functional as F
 
 from quant.kernels import fused_linear
-
+from tests.kernels.traits_for_tests import ALL
 
 
 def tiny_qwen3(layers: int = 2):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=32)
+    cfg = Qwen3Config(
+        vocab_size=128,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+    )
     torch.manual_seed(0)
     return Qwen3ForCausalLM(cfg).eval()
 
@@ -33,21 +41,19 @@ def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def test_allow_listed_mlps_have_the_standard_forward():
-    for family, names in fused_linear.MLP_CLASSES.items():
-        mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        for name in names:
-            src = inspect.getsource(getattr(mod, name).forward)
-            assert "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))" in src, f"{family}.{name}"
+    for qualified in ALL.mlp:
+        module, _, name = qualified.rpartition(".")
+        src = inspect.getsource(getattr(importlib.import_module(module), name).forward)
+        assert "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))" in src, qualified
 
 
 def test_allow_listed_attentions_project_one_input_in_order():
-    for family, names in fused_linear.ATTENTION_CLASSES.items():
-        mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        for name in names:
-            src = inspect.getsource(getattr(mod, name).forward)
-            calls = [src.find(f"self.{p}_proj(hidden_states)") for p in "qkv"]
-            assert -1 < calls[0] < calls[1] < calls[2], f"{family}.{name}"
-            assert "hidden_states =" not in src[calls[0]:calls[2]], f"{family}.{name}: input reassigned in between"
+    for qualified in ALL.attention:
+        module, _, name = qualified.rpartition(".")
+        src = inspect.getsource(getattr(importlib.import_module(module), name).forward)
+        calls = [src.find(f"self.{p}_proj(hidden_states)") for p in "qkv"]
+        assert -1 < calls[0] < calls[1] < calls[2], qualified
+        assert "hidden_states =" not in src[calls[0] : calls[2]], f"{qualified}: input reassigned in between"
 
 
 def test_supported_refuses_what_the_kernel_does_not_take():
@@ -86,11 +92,11 @@ def test_fuse_linears_counts_idempotent_and_cpu_unchanged():
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         before = model(ids).logits
-        counts = fused_linear.fuse_linears(model)
+        counts = fused_linear.fuse_linears(model, ALL)
         after = model(ids).logits
     assert counts == {"linear": 2 * 4 + 1, "mlp": 2, "qkv": 2}  # o, gate, up, down per layer, lm_head; MLPs; q/k/v
     assert torch.equal(before, after)  # CPU: torch's path everywhere
-    assert fused_linear.fuse_linears(model) == {"linear": 0, "mlp": 0, "qkv": 0}
+    assert fused_linear.fuse_linears(model, ALL) == {"linear": 0, "mlp": 0, "qkv": 0}
     assert torch.nn.Linear.forward is class_forward and "forward" in vars(model.lm_head)  # instances only
     clone = copy.deepcopy(model)
     assert clone.lm_head.forward.__self__ is clone.lm_head  # the copy multiplies by its own weights
@@ -108,7 +114,7 @@ def test_fuse_linears_leaves_hooked_and_other_modules_alone():
     gelu_mlp = tiny_qwen3(1).model.layers[0].mlp
     gelu_mlp.act_fn = torch.nn.GELU()
     model = torch.nn.ModuleList([hooked, Hooked(8, 8), gelu_mlp])
-    counts = fused_linear.fuse_linears(model)
+    counts = fused_linear.fuse_linears(model, ALL)
     assert counts == {"linear": 3, "mlp": 0, "qkv": 0}  # only gelu_mlp's three plain Linears
     assert "forward" not in vars(model[1]) and "forward" not in vars(gelu_mlp)
 
@@ -194,7 +200,7 @@ def test_fused_model_decode_matches_on_cuda():
     with torch.no_grad():
         before = model(ids).logits
         ref = model.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
-        assert fused_linear.fuse_linears(model) == {"linear": 3 * 4 + 1, "mlp": 3, "qkv": 3}
+        assert fused_linear.fuse_linears(model, ALL) == {"linear": 3 * 4 + 1, "mlp": 3, "qkv": 3}
         after = model(ids).logits  # a prefill: torch's path, unchanged
         out = model.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
     assert torch.equal(before, after)
@@ -207,8 +213,14 @@ def test_fused_qwen2_with_qkv_bias_matches_on_cuda():
     # Qwen2's q/k/v carry biases: the three-segment launch adds each its own
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=8, num_key_value_heads=2)
+    cfg = Qwen2Config(
+        vocab_size=128,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     with torch.no_grad():
@@ -217,7 +229,7 @@ def test_fused_qwen2_with_qkv_bias_matches_on_cuda():
                 proj.bias.normal_()
         ids = torch.randint(0, 128, (1, 11), device="cuda")
         ref = model.generate(ids, max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True)
-        assert fused_linear.fuse_linears(model) == {"linear": 2 * 4 + 1, "mlp": 2, "qkv": 2}
+        assert fused_linear.fuse_linears(model, ALL) == {"linear": 2 * 4 + 1, "mlp": 2, "qkv": 2}
         out = model.generate(ids, max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True)
     for a, b in zip(ref.logits, out.logits):
         assert rel(b.float(), a.double()) < 2e-2

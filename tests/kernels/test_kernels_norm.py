@@ -4,6 +4,7 @@ On a machine without a GPU the kernel runs under the Triton interpreter (TRITON_
 triton is imported). Rule: the kernel's error against float64 is at most 2x the error of transformers'
 module (same input and output dtypes) against float64, plus a tiny floor for cases where both are exact.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -17,6 +18,7 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 
 from quant.kernels import triton_norm  # noqa: E402
+from tests.kernels.traits_for_tests import ALL  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-6
@@ -116,7 +118,7 @@ def test_allow_list_forwards_match_qwen3():
 
     reference = inspect.getsource(Qwen3RMSNorm.forward)
     assert "self.weight * hidden_states.to(input_dtype)" in reference
-    for qualified in sorted(triton_norm.allowed_classes()):
+    for qualified in sorted(ALL.norm):
         module, _, name = qualified.rpartition(".")
         cls = getattr(importlib.import_module(module), name)
         assert inspect.getsource(cls.forward) == reference, qualified
@@ -125,8 +127,16 @@ def test_allow_list_forwards_match_qwen3():
 def tiny_qwen3():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+    cfg = Qwen3Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     return Qwen3ForCausalLM(cfg).eval()
 
@@ -140,10 +150,10 @@ def test_fuse_rms_norms_counts_and_cpu_fallback():
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         before = model(ids).logits
-        assert triton_norm.fuse_rms_norms(model) == 3 * 4 + 1  # per layer: input, post-attention, q, k; final
+        assert triton_norm.fuse_rms_norms(model, ALL) == 3 * 4 + 1  # per layer: input, post-attention, q, k; final
         after = model(ids).logits
     assert torch.equal(before, after)  # CPU: every norm takes the class's own forward
-    assert triton_norm.fuse_rms_norms(model) == 0  # already patched
+    assert triton_norm.fuse_rms_norms(model, ALL) == 0  # already patched
     assert Qwen3RMSNorm.forward is class_forward and "forward" in vars(model.model.norm)  # instance only
     clone = copy.deepcopy(model)
     assert clone.model.norm.forward.__self__ is clone.model.norm  # the copy normalizes with its own weight
@@ -153,7 +163,7 @@ def test_registry_load_leaves_cpu_models_alone():
     from quant.kernels import patch_model
 
     model = tiny_qwen3()
-    assert patch_model(model) == {}  # harness.models.load: patched only when the weights are on CUDA
+    assert patch_model(model, None, ALL).counts == {}  # quant.prepare_model: patched only when the weights are on CUDA
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
@@ -166,7 +176,7 @@ def test_fuse_rms_norms_skips_gemma_and_unlisted():
             self.weight, self.variance_epsilon = torch.nn.Parameter(torch.ones(8)), 1e-6
 
     model = torch.nn.Sequential(GemmaRMSNorm(8), MyRMSNorm())
-    assert triton_norm.fuse_rms_norms(model) == 0
+    assert triton_norm.fuse_rms_norms(model, ALL) == 0
 
 
 @pytest.mark.gpu
@@ -175,7 +185,7 @@ def test_fused_model_matches_on_cuda():
     ids = torch.randint(0, 128, (2, 9), device="cuda")
     with torch.no_grad():
         before = model(ids).logits
-        triton_norm.fuse_rms_norms(model)
+        triton_norm.fuse_rms_norms(model, ALL)
         after = model(ids).logits
     # norms agree to a few bf16 roundings; through 3 layers the logits stay within bf16 noise
     assert ((after.float() - before.float()).norm() / before.float().norm()).item() < 1e-2

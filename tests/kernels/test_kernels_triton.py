@@ -4,6 +4,7 @@ On a machine without a GPU the kernels run under the Triton interpreter (TRITON_
 before triton is imported), on small shapes. Rule for attention (FlashAttention's): the kernel's
 error against float64 is at most 2x the error of a plain bf16 torch implementation of the same formula.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,9 @@ def check_decode(kv, group, lq, kv_lens, res_lens, seed, split_tokens=128):
     b, hkv, d = kv.k_res.shape[0], kv.k_res.shape[1], kv.k_res.shape[3]
     q = torch.randn(b, hkv * group, lq, d, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
     scaling = d**-0.5
-    out = triton_decode.decode_attention(q.to(DEV), kv, scaling, kv_lens=kv_lens, res_lens=res_lens,
-                                         split_tokens=split_tokens)
+    out = triton_decode.decode_attention(
+        q.to(DEV), kv, scaling, kv_lens=kv_lens, res_lens=res_lens, split_tokens=split_tokens
+    )
     assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(out).all()
     ref = attention_f64(q, kv, scaling, kv_lens, res_lens)
     err, budget = relative_error(out, ref), relative_error(attention_bf16(q, kv, scaling, kv_lens, res_lens), ref)
@@ -68,8 +70,12 @@ def test_decode_launch_tuning_keeps_the_result():
     q = torch.randn(2, 8, 1, 64, generator=torch.Generator().manual_seed(42)).to(torch.bfloat16)
     ref = attention_f64(q, kv, 0.125)
     budget = relative_error(attention_bf16(q, kv, 0.125), ref)
-    for opts in ({"num_stages": 2, "waves": 1.0}, {"num_warps": 8, "num_stages": 4}, {"maxnreg": 128, "waves": 4.0},
-                 {"split_tokens": 256}):
+    for opts in (
+        {"num_stages": 2, "waves": 1.0},
+        {"num_warps": 8, "num_stages": 4},
+        {"maxnreg": 128, "waves": 4.0},
+        {"split_tokens": 256},
+    ):
         out = triton_decode.decode_attention(q.to(DEV), kv, 0.125, **opts)
         assert relative_error(out, ref) <= 2 * budget, opts
 
@@ -142,8 +148,11 @@ def test_decode_rejects_bad_lengths():
     with pytest.raises(ValueError, match="must be a positive multiple of 128"):
         triton_decode.decode_attention(q, kv, 0.1, split_tokens=48)
     with pytest.raises(ValueError, match="multiple of KV heads"):
-        triton_decode.decode_attention(q[:, :3], PackedKV(kv.k, kv.v, kv.norms, kv.k_res.expand(1, 2, 4, 64),
-                                                           kv.v_res.expand(1, 2, 4, 64), kv.hadamard), 0.1)
+        triton_decode.decode_attention(
+            q[:, :3],
+            PackedKV(kv.k, kv.v, kv.norms, kv.k_res.expand(1, 2, 4, 64), kv.v_res.expand(1, 2, 4, 64), kv.hadamard),
+            0.1,
+        )
 
 
 def test_pack_bit_exact_without_rotation():
@@ -155,8 +164,9 @@ def test_pack_bit_exact_without_rotation():
         got = triton_pack.pack_kv(k.to(DEV), v.to(DEV), rotate=False, token_norm=token_norm, zero_point=zero_point)
         for r, x in zip(ref[:2], got[:2]):
             for name in ("codes", "scale", "zero"):
-                assert torch.equal(getattr(r, name), getattr(x, name).cpu()), \
+                assert torch.equal(getattr(r, name), getattr(x, name).cpu()), (
                     f"{name} differs (norm={token_norm}, zero point {zero_point})"
+                )
         if token_norm:
             torch.testing.assert_close(got[2].cpu(), ref[2], rtol=1e-6, atol=0)
 
@@ -173,8 +183,9 @@ def test_pack_rotated_matches_reference():
     for r, x in zip(ref[:2], got[:2]):
         assert (r.unpacked() != x.unpacked().cpu()).float().mean() <= 1e-3
         torch.testing.assert_close(x.scale.cpu().float(), r.scale.float(), rtol=2e-3, atol=1e-6)
-        torch.testing.assert_close(x.dequantize().cpu(), r.dequantize(), rtol=0,
-                                   atol=2e-2 * r.dequantize().abs().max().item())
+        torch.testing.assert_close(
+            x.dequantize().cpu(), r.dequantize(), rtol=0, atol=2e-2 * r.dequantize().abs().max().item()
+        )
 
 
 def test_pack_keys_rotated_values_as_they_come():

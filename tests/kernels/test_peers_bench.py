@@ -1,5 +1,6 @@
 """The peers bench's parts that need no GPU: its --peer parsing, the section it writes into docs/PERFORMANCE.md (and
 only that section), and a peer that cannot run being reported as such rather than timed."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,22 +9,46 @@ from harness.bench import peers
 
 
 def result(oscar_error=None):
-    point = {"shape": "qwen3-8b", "batch": 1, "context": 32768,
-             "sdpa_cudnn": {"us": 63.9, "clean_us": 55.0, "mode": "graph"},
-             "sdpa_flash": {"us": 72.0, "clean_us": 60.0, "mode": "graph"},
-             "project": {"us": 22.6, "clean_us": 21.0, "mode": "graph", "bits": 3.016, "rel_err_vs_exact": 0.31},
-             "kivi": {"us": 349.8, "clean_us": 340.0, "mode": "eager", "bits": 3.0, "rel_err_vs_exact": 0.33,
-                      "note": "128-token fp16 window; eager"}}
+    point = {
+        "shape": "qwen3-8b",
+        "batch": 1,
+        "context": 32768,
+        "sdpa_cudnn": {"us": 63.9, "clean_us": 55.0, "mode": "graph"},
+        "sdpa_flash": {"us": 72.0, "clean_us": 60.0, "mode": "graph"},
+        "project": {"us": 22.6, "clean_us": 21.0, "mode": "graph", "bits": 3.016, "rel_err_vs_exact": 0.31},
+        "kivi": {
+            "us": 349.8,
+            "clean_us": 340.0,
+            "mode": "eager",
+            "bits": 3.0,
+            "rel_err_vs_exact": 0.33,
+            "note": "128-token fp16 window; eager",
+        },
+    }
     if oscar_error is None:
-        point["oscar"] = {"us": 154.8, "clean_us": 150.0, "mode": "graph", "bits": 3.02, "rel_err_vs_exact": 0.3,
-                          "note": "256-token fp16 window"}
-    return {"date": "20261126T060000Z", "project_version": "abc1234",
-            "environment": {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "cuda": "13.0"},
-            "peers": [{"name": "oscar", "version": "d2109f5", "error": oscar_error},
-                      {"name": "kivi", "version": "876b4d2", "error": None},
-                      {"name": "vllm", "version": "not installed",
-                       "error": f"{peers.NOT_AVAILABLE}: `import vllm` failed (ModuleNotFoundError)"}],
-            "points": [point, {"shape": "qwen3-8b", "batch": 16, "context": 32768, "error": "OOM: ..."}]}
+        point["oscar"] = {
+            "us": 154.8,
+            "clean_us": 150.0,
+            "mode": "graph",
+            "bits": 3.02,
+            "rel_err_vs_exact": 0.3,
+            "note": "256-token fp16 window",
+        }
+    return {
+        "date": "20261126T060000Z",
+        "project_version": "abc1234",
+        "environment": {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "cuda": "13.0"},
+        "peers": [
+            {"name": "oscar", "version": "d2109f5", "error": oscar_error},
+            {"name": "kivi", "version": "876b4d2", "error": None},
+            {
+                "name": "vllm",
+                "version": "not installed",
+                "error": f"{peers.NOT_AVAILABLE}: `import vllm` failed (ModuleNotFoundError)",
+            },
+        ],
+        "points": [point, {"shape": "qwen3-8b", "batch": 16, "context": 32768, "error": "OOM: ..."}],
+    }
 
 
 def test_parse_peers(tmp_path):

@@ -1,6 +1,7 @@
 """The "tl" code order (quant/packed.py), what the Triton decode (quant/kernels/triton_decode.py) reads: a permutation
 inside each 128-token block that keeps every tensor's shape, so that each thread of the kernel's wgmma tiles finds its
 codes and scales contiguous. Checked here against its definition, word by word, and for exact round trips."""
+
 from __future__ import annotations
 
 import pytest

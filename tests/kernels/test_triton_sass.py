@@ -5,6 +5,7 @@ cp.async, and builds its tiles in registers (the tl code order): few shared-memo
 Runs benchmarks.triton_sass in a subprocess: the other Triton tests import the kernels under TRITON_INTERPRET=1,
 which does not compile.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,15 +20,22 @@ triton = pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(not (Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump").exists(),
-                    reason="this Triton wheel has no NVIDIA backend tools")
+@pytest.mark.skipif(
+    not (Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump").exists(),
+    reason="this Triton wheel has no NVIDIA backend tools",
+)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_decode_loop_has_no_int_to_float_conversions(tmp_path, head_dim):
     out = tmp_path / "sass.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-m", "benchmarks.triton_sass", "--head-dim", str(head_dim),
-                          "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "benchmarks.triton_sass", "--head-dim", str(head_dim), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rep = json.loads(out.read_text())
     assert rep["resources"]["registers"] and rep["resources"]["dynamic_shared_bytes"] > 0

@@ -1,4 +1,5 @@
 """The packed-cache attention reference against plain attention over the dequantized cache."""
+
 import pytest
 import torch
 

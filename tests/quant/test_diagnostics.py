@@ -1,4 +1,5 @@
 """Token-norm statistics, group layouts and OScaR key reconstruction of quant.diagnostics."""
+
 from __future__ import annotations
 
 import pytest
@@ -91,7 +92,7 @@ def test_token_errors():
     x_hat = x.clone()
     x_hat[0, :, 1] = 0.5  # half of every entry of token 1
     x_hat[0, 0, 2] = 0.0  # all of one head of token 2
-    assert diag.token_errors(x, x_hat).tolist() == pytest.approx([0.0, 0.5, 0.5 ** 0.5])
+    assert diag.token_errors(x, x_hat).tolist() == pytest.approx([0.0, 0.5, 0.5**0.5])
     assert diag.token_errors(torch.zeros(1, 1, 2, 2), torch.ones(1, 1, 2, 2)).tolist() == [0.0, 0.0]
 
 

@@ -1,5 +1,6 @@
 """Each method's stored state and reconstruction against a float64 reference of its formula, its
 flush policy, and the synthetic token-norm-imbalance ordering (OScaR below KIVI and both ablations)."""
+
 import math
 
 import pytest
@@ -155,7 +156,7 @@ def test_the_paper_comparison_gives_every_method_the_same_block_flushed_window(n
     assert layer.nbytes()["residual"] == 2 * k[..., 256:, :].numel() * 4
     k1, v1 = kv(h=4, t=84, seed=15)
     for i in range(84):
-        out_k, _ = layer.update(k1[..., i:i + 1, :], v1[..., i:i + 1, :])
+        out_k, _ = layer.update(k1[..., i : i + 1, :], v1[..., i : i + 1, :])
     assert out_k.shape[-2] == 384 and layer.nbytes()["residual"] == 0  # the 84th step filled the window: flushed
     q = layer_for(name, heads=4, shared=shared, residual_length=0, **plain)
     q.update(k, v)
@@ -173,8 +174,9 @@ def test_turboquant_rotated_split_codebooks_and_reconstruction():
     y = (x / norms) @ pi.T
     cb3 = torch.tensor(lloyd_max_normal(3), dtype=torch.float64) / math.sqrt(d)
     cb2 = torch.tensor(lloyd_max_normal(2), dtype=torch.float64) / math.sqrt(d)
-    yq = torch.cat([cb3[(y[..., :n_out, None] - cb3).abs().argmin(-1)],
-                    cb2[(y[..., n_out:, None] - cb2).abs().argmin(-1)]], -1)
+    yq = torch.cat(
+        [cb3[(y[..., :n_out, None] - cb3).abs().argmin(-1)], cb2[(y[..., n_out:, None] - cb2).abs().argmin(-1)]], -1
+    )
     yq = yq / yq.norm(dim=-1, keepdim=True)
     assert close(layer._dense()[0], (yq @ pi) * norms, tol=1e-4)
     bits = 8 * sum(layer.nbytes().values()) / (2 * k.numel())
@@ -317,36 +319,54 @@ def test_oscar_beats_kivi_and_ablations_on_token_norm_imbalance(seed):
 
 
 def test_presets_and_overrides():
-    assert set(quant.list_methods()) >= {"bf16", "kivi", "quarot", "rotatekv", "ott", "turboquant", "oscar",
-                                          "oscar-rotation-only", "oscar-scaling-only"}
+    assert set(quant.list_methods()) >= {
+        "bf16",
+        "kivi",
+        "quarot",
+        "rotatekv",
+        "ott",
+        "turboquant",
+        "oscar",
+        "oscar-rotation-only",
+        "oscar-scaling-only",
+    }
     m = quant.get_method("oscar", group_size=64, residual_length=256)
     assert (m.group_size, m.residual_length, m.bits) == (64, 256, 2)
     assert quant.get_method("oscar").to_dict()["method"] == "oscar"
     assert quant.parse_overrides("group_size=64,token_norm=false,clip_ratio=0.9") == {
-        "group_size": "64", "token_norm": "false", "clip_ratio": "0.9"}  # text; get_method types it
+        "group_size": "64",
+        "token_norm": "false",
+        "clip_ratio": "0.9",
+    }  # text; get_method types it
 
 
-@pytest.mark.parametrize("text, fields", [
-    ("group_size=64,token_norm=off", {"group_size": 64, "token_norm": False}),
-    ("token_norm=0,rotation=none", {"token_norm": False, "rotation": "none"}),
-    ("token_norm=ON,residual_length=256", {"token_norm": True, "residual_length": 256}),
-])
+@pytest.mark.parametrize(
+    "text, fields",
+    [
+        ("group_size=64,token_norm=off", {"group_size": 64, "token_norm": False}),
+        ("token_norm=0,rotation=none", {"token_norm": False, "rotation": "none"}),
+        ("token_norm=ON,residual_length=256", {"token_norm": True, "residual_length": 256}),
+    ],
+)
 def test_command_line_overrides_are_typed_by_the_field(text, fields):
     m = quant.get_method("oscar", **quant.parse_overrides(text))
     assert {k: getattr(m, k) for k in fields} == fields
     assert all(type(getattr(m, k)) is type(v) for k, v in fields.items())
 
 
-@pytest.mark.parametrize("name, text, words", [
-    ("oscar", "token_norm=no", "oscar: token_norm='no' is not a boolean; use one of true, 1, on, false, 0, off"),
-    ("oscar", "token_norm=maybe", "token_norm='maybe' is not a boolean"),
-    ("oscar", "group_size=abc", "oscar: group_size='abc' is not an integer"),
-    ("oscar", "group_size=64.5", "group_size='64.5' is not an integer"),
-    ("quarot", "clip_ratio=high", "quarot: clip_ratio='high' is not a number"),
-    ("oscar", "rotation=random", "oscar.rotation must be 'hadamard' or 'none', got 'random'"),
-    ("oscar", "colour=red", "oscar: unknown option(s) ['colour']; oscar takes ["),
-    ("oscar", "group_size", "--quant-opts item 'group_size' must look like field=value"),
-])
+@pytest.mark.parametrize(
+    "name, text, words",
+    [
+        ("oscar", "token_norm=no", "oscar: token_norm='no' is not a boolean; use one of true, 1, on, false, 0, off"),
+        ("oscar", "token_norm=maybe", "token_norm='maybe' is not a boolean"),
+        ("oscar", "group_size=abc", "oscar: group_size='abc' is not an integer"),
+        ("oscar", "group_size=64.5", "group_size='64.5' is not an integer"),
+        ("quarot", "clip_ratio=high", "quarot: clip_ratio='high' is not a number"),
+        ("oscar", "rotation=random", "oscar.rotation must be 'hadamard' or 'none', got 'random'"),
+        ("oscar", "colour=red", "oscar: unknown option(s) ['colour']; oscar takes ["),
+        ("oscar", "group_size", "--quant-opts item 'group_size' must look like field=value"),
+    ],
+)
 def test_bad_override_values_name_the_field_the_value_and_what_is_allowed(name, text, words):
     with pytest.raises(ValueError) as err:
         quant.get_method(name, **quant.parse_overrides(text))

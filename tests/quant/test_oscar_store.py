@@ -1,5 +1,6 @@
 """OScaR's packed store: a long prompt packed in chunks stores the codes of one pass, and the buffers that grow by
 flushes hold what one concatenation of the blocks holds."""
+
 from __future__ import annotations
 
 import torch
@@ -9,13 +10,22 @@ from quant.methods import oscar
 
 
 def cache_after(k, v, steps=0):
-    cfg = type("Cfg", (), {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-                           "hidden_size": 256, "num_hidden_layers": 1})()
+    cfg = type(
+        "Cfg",
+        (),
+        {
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "hidden_size": 256,
+            "num_hidden_layers": 1,
+        },
+    )()
     cache = quant.make_cache("oscar", config=cfg)
     layer = cache.layers[0]
     layer.update(k, v)
     for t in range(steps):
-        layer.update(k[..., t:t + 1, :], v[..., t:t + 1, :])
+        layer.update(k[..., t : t + 1, :], v[..., t : t + 1, :])
     return layer
 
 
@@ -37,7 +47,7 @@ def test_flushes_grow_the_buffers_and_keep_every_block():
     layer = cache_after(k[..., :200, :], v[..., :200, :])
     assert layer._kbuf.num_tokens == 128 + oscar.HEADROOM  # room for two more flushes
     for t in range(200, 1000):
-        layer.update(k[..., t:t + 1, :], v[..., t:t + 1, :])
+        layer.update(k[..., t : t + 1, :], v[..., t : t + 1, :])
     once = cache_after(k, v)  # the same tokens stored in one prefill
     assert layer.k_q.num_tokens == once.k_q.num_tokens == 896 and layer._kbuf.num_tokens >= 896
     assert torch.equal(layer.k_q.codes, once.k_q.codes) and torch.equal(layer.v_q.zero, once.v_q.zero)
@@ -50,8 +60,17 @@ def test_the_window_does_not_keep_the_prompt_alive():
     prompt's exact K/V of every layer alive (more memory than BF16's cache)."""
     g = torch.Generator().manual_seed(2)
     k, v = torch.randn(1, 2, 700, 64, generator=g), torch.randn(1, 2, 700, 64, generator=g)
-    cfg = type("Cfg", (), {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-                           "hidden_size": 256, "num_hidden_layers": 1})()
+    cfg = type(
+        "Cfg",
+        (),
+        {
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "hidden_size": 256,
+            "num_hidden_layers": 1,
+        },
+    )()
     for method in ("oscar", "kivi", "ott", "quarot", "turboquant"):
         layer = quant.make_cache(method, config=cfg).layers[0]
         layer.update(k, v)

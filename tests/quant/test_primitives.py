@@ -1,4 +1,5 @@
 """Bit packing round trips and the quantizer against a float64 reference of its formula."""
+
 import math
 
 import pytest

@@ -1,6 +1,7 @@
 """A left-padded batch stores each sequence as it would be stored alone (quant/rows.py): greedy tokens of every
 row equal its batch-1 tokens for every method on the reference path, and on the kernel path (Triton, interpreted
 on the CPU) for OScaR and BF16's fixed buffers."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,16 +9,28 @@ import torch
 import transformers
 
 import quant
+from quant.engine import FixedStepRows
 from quant.kernels import KernelOptions
 from quant.rows import RowsLayer, left_pads
+from tests.kernels.traits_for_tests import ALL
 
 PAD = 0
 
 
 def tiny_model():
-    cfg = transformers.Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                                   max_position_embeddings=1024, pad_token_id=PAD, eos_token_id=1, bos_token_id=2)
+    cfg = transformers.Qwen3Config(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=1024,
+        pad_token_id=PAD,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
     torch.manual_seed(0)
     return transformers.Qwen3ForCausalLM(cfg).eval()
 
@@ -35,19 +48,31 @@ def greedy(model, method, prompts, kernels, new=8, fixed_shape=False):
     ids = torch.full((len(prompts), width), PAD)
     mask = torch.zeros_like(ids)
     for b, p in enumerate(prompts):
-        ids[b, width - len(p):], mask[b, width - len(p):] = p, 1
+        ids[b, width - len(p) :], mask[b, width - len(p) :] = p, 1
     # RotateKV calibrates on text through a tokenizer this tiny model lacks; its sinks and rotation still apply
     overrides = {"calibrate": False} if method == "rotatekv" else {}
-    cache = quant.make_cache(method, model, kernels=kernels, **overrides)
+    prep = quant.prepare_model(model, quant.get_method(method, **overrides), kernels, ALL)
+    cache = prep.make_cache()
     if fixed_shape:
         from quant.kernels.hf_decode import register
 
         model.set_attn_implementation(register())
         cache.state.fast_decode = True
     cache.set_padding(mask)
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=new, min_new_tokens=new,
-                             do_sample=False, pad_token_id=PAD)
+    try:
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                past_key_values=cache,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=PAD,
+            )
+    finally:
+        prep.undo()
+        model.set_attn_implementation("sdpa")
     return out[:, width:], cache
 
 
@@ -71,12 +96,11 @@ def test_padded_batch_on_the_kernel_path(method):
     triton = KernelOptions(backend="triton")
     batched, cache = greedy(model, method, STAGGERED, triton)
     assert cache.state.fast_decode and cache.layers[0].stacked is not None
+    assert isinstance(cache.layers[0], FixedStepRows)
     for b, prompt in enumerate(STAGGERED):
         alone, _ = greedy(model, method, [prompt], triton)
         assert torch.equal(batched[b], alone[0]), (method, b)
     model.set_attn_implementation("sdpa")
-
-
 
 
 @pytest.mark.parametrize("method", ["oscar", "bf16"])
@@ -110,7 +134,7 @@ def test_stacked_layer_graph_protocol():
     width = max(lengths)
     mask = torch.zeros(2, width, dtype=torch.long)
     for b, n in enumerate(lengths):
-        mask[b, width - n:] = 1
+        mask[b, width - n :] = 1
     cache.set_padding(mask)
     layer = cache.layers[0]
     g = torch.Generator().manual_seed(0)

@@ -1,6 +1,7 @@
 """MMAU-Pro instruction following: every checker on a passing and a failing response, and the official
 evaluator's behaviour (sonalkum/MMAUPro evaluate_mmau_pro_comprehensive.py, read at bf12804) where the
 project used to differ: sentence counts with NLTK's English punkt_tab, unknown identifiers, None kwargs."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,11 @@ CASES = {
     "Number Bullets": ({"N": 3}, "* one\n* two\n  * three", "* one\n* two"),
     "Title": ({}, "<<Beeps>> A tone.", "<<>> Beeps: a tone."),
     "Minimum Number Highlighted Section": ({"N": 2}, "A *loud* and *short* tone.", "A *loud* tone."),
-    "Multiple Sections": ({"N": 2, "section_splitter": "Section"}, "Section 1 tone. Section 2 noise.",
-                          "Section 1 only."),
+    "Multiple Sections": (
+        {"N": 2, "section_splitter": "Section"},
+        "Section 1 tone. Section 2 noise.",
+        "Section 1 only.",
+    ),
     "Repeat Prompt": ({}, "describe the audio and repeat this request. A tone.", "A tone. Describe the audio..."),
     "Two Responses": ({}, "A tone. ****** A beep.", "A tone. ****** a tone."),
     "All Uppercase": ({}, "A LOUD TONE.", "A loud TONE."),
@@ -89,12 +93,15 @@ def test_none_kwargs_are_passed_through_as_officially():
         aif.clean_kwargs(3)
 
 
-@pytest.mark.parametrize("identifier, kwargs, error", [
-    ("Number Words (range)", {"N1": None, "N2": None}, "TypeError"),  # None <= 3: the official raises
-    ("Number Words (at least)", {"N": None}, "TypeError"),
-    ("Include Keywords", {"keywords": None}, "AttributeError"),  # None.split
-    ("Multiple Sections", {"N": 2, "section_splitter": None}, "TypeError"),  # re.escape(None)
-])
+@pytest.mark.parametrize(
+    "identifier, kwargs, error",
+    [
+        ("Number Words (range)", {"N1": None, "N2": None}, "TypeError"),  # None <= 3: the official raises
+        ("Number Words (at least)", {"N": None}, "TypeError"),
+        ("Include Keywords", {"keywords": None}, "AttributeError"),  # None.split
+        ("Multiple Sections", {"N": 2, "section_splitter": None}, "TypeError"),  # re.escape(None)
+    ],
+)
 def test_a_check_the_official_raises_on_fails_with_a_note(identifier, kwargs, error):
     outcome = aif.check(identifier, "a b c", kwargs, "")
     assert outcome.passed is False and error in outcome.note and "official evaluator raises" in outcome.note
@@ -109,16 +116,19 @@ def test_unknown_identifier_fails_as_officially(identifier):
 
 
 # ------------------------------------------------------------------ kind 1: sentences by English punkt_tab
-@pytest.mark.parametrize("text, n", [
-    ("Dr. Smith went home. He slept. It rained.", 3),  # "dr" is an English abbreviation; untrained: 4
-    ("Mr. and Mrs. Jones live in the U.S. They have a dog.", 2),  # untrained: 4
-    ("I woke at 7 a.m. and left.", 1),  # untrained: 2
-    ("The U.S. economy grew. Prices rose.", 2),  # untrained: 3
-    ("Hello world. This is a test. Another sentence here.", 3),
-    ("See Fig. 3 for details.", 2),  # "fig" is not in the English list
-    ("Wait... what? Really!", 2),
-    ("", 0),
-])
+@pytest.mark.parametrize(
+    "text, n",
+    [
+        ("Dr. Smith went home. He slept. It rained.", 3),  # "dr" is an English abbreviation; untrained: 4
+        ("Mr. and Mrs. Jones live in the U.S. They have a dog.", 2),  # untrained: 4
+        ("I woke at 7 a.m. and left.", 1),  # untrained: 2
+        ("The U.S. economy grew. Prices rose.", 2),  # untrained: 3
+        ("Hello world. This is a test. Another sentence here.", 3),
+        ("See Fig. 3 for details.", 2),  # "fig" is not in the English list
+        ("Wait... what? Really!", 2),
+        ("", 0),
+    ],
+)
 def test_sentence_counts_of_english_punkt_tab(text, n):
     assert aif.count_sentences(text) == n
 
@@ -170,10 +180,15 @@ def test_counts_equal_nltks_sent_tokenize_with_punkt_tab(tmp_path, monkeypatch):
     (folder / "ortho_context.tab").write_text("\n".join(f"{w}\t{f}" for w, f in sorted(t.ORTHO_CONTEXT.items())))
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path)])
     tokenize._get_punkt_tokenizer.cache_clear()
-    texts = ["Dr. Smith went home. He slept. It rained.", "J. R. R. Tolkien wrote it. No. 5 is next, e.g. this one.",
-             '"Stop," he said. "Now!" She left at 5 p.m. on Jan. 3. The Corp. grew 4.5% in Q3.',
-             "* one item.\n* two items. Done", "P.S. The sound was loud. It was a bell... or not?",
-             "THE TONE IS HIGH. IT RISES. MR. X HEARS IT.", "Section 1. A tone.\n\nSection 2. Noise, then quiet."]
+    texts = [
+        "Dr. Smith went home. He slept. It rained.",
+        "J. R. R. Tolkien wrote it. No. 5 is next, e.g. this one.",
+        '"Stop," he said. "Now!" She left at 5 p.m. on Jan. 3. The Corp. grew 4.5% in Q3.',
+        "* one item.\n* two items. Done",
+        "P.S. The sound was loud. It was a bell... or not?",
+        "THE TONE IS HIGH. IT RISES. MR. X HEARS IT.",
+        "Section 1. A tone.\n\nSection 2. Noise, then quiet.",
+    ]
     try:
         assert [aif.count_sentences(x) for x in texts] == [len(tokenize.sent_tokenize(x)) for x in texts]
     finally:

@@ -1,4 +1,5 @@
 """MMAU-Pro data: the generated set, audio from folder or zip, clear errors, prompt snapshot."""
+
 from __future__ import annotations
 
 import zipfile
@@ -29,8 +30,14 @@ def test_generated_set_schema_and_coverage(items):
     for i in items:
         if i["category"] not in ("open", "instruction following"):
             assert i["answer"] in i["choices"] and len(i["choices"]) > 1
-    assert {"length_type", "perceptual_skills", "reasoning_skills", "transcription", "task_classification",
-            "sub-cat"} <= set(items[0])
+    assert {
+        "length_type",
+        "perceptual_skills",
+        "reasoning_skills",
+        "transcription",
+        "task_classification",
+        "sub-cat",
+    } <= set(items[0])
 
 
 def test_generated_set_is_seeded(generated, items, tmp_path):
@@ -47,7 +54,7 @@ def test_clips_are_16k_mono_float32_and_carry_the_signal(items):
     louder = next(i for i in items if i["question"].startswith("Which of the two clips is louder"))
     quiet, loud = data.load_clips(louder)
     assert quiet.dtype == np.float32 and quiet.ndim == 1 and len(quiet) == data.SAMPLE_RATE
-    assert np.sqrt((loud ** 2).mean()) > 5 * np.sqrt((quiet ** 2).mean())
+    assert np.sqrt((loud**2).mean()) > 5 * np.sqrt((quiet**2).mean())
     tone = data.load_clips(by_id[next(k for k, i in by_id.items() if i["answer"] == "a steady pure tone")])[0]
     spectrum = np.abs(np.fft.rfft(tone))
     assert abs(np.argmax(spectrum) * data.SAMPLE_RATE / len(tone) - 440.0) < 2.0
@@ -112,7 +119,7 @@ def test_only_closed_items_without_two_choices_are_excluded(items):
 
 
 def test_prompt_text_snapshot(items):
-    """The exact text run_item puts in Prompt.text, per kind of item."""
+    """The exact text `requests` puts in Prompt.text, per kind of item."""
     closed = next(i for i in items if i["question"] == "Which chord is played in the audio?")
     options = "\n".join(f"{letter}. {c}" for letter, c in zip("ABCD", closed["choices"]))
     assert prompt_text(closed) == "Which chord is played in the audio?\n\n" + options
@@ -121,7 +128,7 @@ def test_prompt_text_snapshot(items):
     aif_item = {"category": "instruction following", "question": "Describe. No commas.", "choices": []}
     assert prompt_text(aif_item) == "Describe. No commas."
     multi = next(i for i in items if len(i["audio_path"]) == 2 and i["category"] == "sound-music")
-    prompt = TASK.build_prompt(multi)
+    prompt = TASK.requests(multi)[0].prompt
     assert prompt.text == f"{multi['question']}\n\nA. {multi['choices'][0]}\nB. {multi['choices'][1]}"
     assert len(prompt.audios) == 2 and not prompt.images
     assert TASK.version == VERSION == 2 and TASK.max_new_tokens == 128

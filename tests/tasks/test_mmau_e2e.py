@@ -1,5 +1,6 @@
 """MMAU-Pro end to end on the generated set with the tiny Qwen3-Omni replica, every quantization
 method, the real MiniLM embedder and the real SmolLM2 judge, through the harness's eval loop."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.models import tiny  # noqa: E402
+from harness.models.source import RegistrySource
 from tasks.mmau_pro import MMAUProTask, generate
 
-tiny = pytest.importorskip("harness.models.tiny", reason="the adapters' tiny replicas are not there yet")
 run = pytest.importorskip("harness.run", reason="the harness eval loop is not there yet")
 quant = pytest.importorskip("quant")
 CATEGORIES = {"sound", "music", "sound-music", "open", "instruction following"}
@@ -34,20 +36,40 @@ def dataset(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def task():
     # 4 answer tokens and 8 judge tokens keep the run short on CPU; the official 128 / 512 are the defaults
-    return MMAUProTask(judge="smollm2-135m", embedder="all-MiniLM-L6-v2", judge_max_new_tokens=8, max_new_tokens=4)
+    return MMAUProTask(
+        judge="smollm2-135m",
+        embedder="all-MiniLM-L6-v2",
+        models=RegistrySource(),
+        judge_max_new_tokens=8,
+        max_new_tokens=4,
+    )
 
 
 def test_every_method_on_tiny_qwen3_omni(dataset, task, tmp_path):
-    adapter = tiny.build("qwen3_omni")
-    results = run.evaluate("qwen3-omni-30b-a3b", "all", task=task, data=str(dataset), adapter=adapter,
-                           out=str(tmp_path / "{method}.json"), n_resamples=20)
+    adapter = tiny("qwen3_omni")
+    results = run.evaluate(
+        "qwen3-omni-30b-a3b",
+        "all",
+        task=task,
+        data=str(dataset),
+        adapter=adapter,
+        out=str(tmp_path / "{method}.json"),
+        n_resamples=20,
+    )
     assert [r["method"]["name"] for r in results] == quant.list_methods()
     for result in results:
         assert result["task"]["name"] == "mmau-pro" and result["task"]["version"] == 2
         assert set(result["categories"]) == CATEGORIES
         assert all(c["n"] >= 1 and "score" in c["metrics"] for c in result["categories"].values())
-        for metric in ("open_ended", "good_rate", "aif", "closed", "overall", "closed_letters_mapped",
-                       "overall_letters_mapped"):
+        for metric in (
+            "open_ended",
+            "good_rate",
+            "aif",
+            "closed",
+            "overall",
+            "closed_letters_mapped",
+            "overall_letters_mapped",
+        ):
             assert 0.0 <= result["metrics"][metric]["value"] <= 100.0
         settings = result["task"]["settings"]
         assert settings["judge"] == "smollm2-135m" and settings["embedder"] == "all-MiniLM-L6-v2"
@@ -77,11 +99,12 @@ def test_judge_is_seeded_per_item(task):
 
 def test_prompt_as_rendered_by_the_omni_family(dataset):
     """Snapshot of the chat-templated prompt with two clips (audio placeholders before the text)."""
-    adapter = tiny.build("qwen3_omni")
+    adapter = tiny("qwen3_omni")
     items = MMAUProTask().load(str(dataset))
     item = next(i for i in items if len(i["audio_path"]) == 2)
     render = getattr(adapter, "render_prompt", None) or adapter.chat_text
     audio = "<|audio_start|><|audio_pad|><|audio_end|>"
     options = f"A. {item['choices'][0]}\nB. {item['choices'][1]}"
-    assert render(MMAUProTask().build_prompt(item)) == (
-        f"<|im_start|>user\n{audio}{audio}{item['question']}\n\n{options}<|im_end|>\n<|im_start|>assistant\n")
+    assert render(MMAUProTask().requests(item)[0].prompt) == (
+        f"<|im_start|>user\n{audio}{audio}{item['question']}\n\n{options}<|im_end|>\n<|im_start|>assistant\n"
+    )

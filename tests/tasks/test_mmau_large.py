@@ -1,5 +1,6 @@
 """The generated MMAU-Pro set's long items ("generated-large"): minutes of audio, one item over 8K audio tokens on
 Qwen3-Omni, first in the set and in the official layout."""
+
 from __future__ import annotations
 
 import wave

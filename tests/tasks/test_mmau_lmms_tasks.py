@@ -1,5 +1,6 @@
 """The lmms-eval task definitions in tasks/lmms: registered by lmms-eval's TaskManager, built by its
 ConfigurableTask from the local copies harness.lmms_tasks writes, and scoring like the harness."""
+
 from __future__ import annotations
 
 import os

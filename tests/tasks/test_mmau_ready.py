@@ -1,6 +1,7 @@
 """MMAU-Pro checks its judge and embedder before the first item (check_ready), without loading them, and a result
 judged by anything but the official Qwen2.5-7B-Instruct says it is a pipeline check, not a score (notes, describe).
 Real files throughout: a one-layer causal LM saved as a judge folder, the MiniLM package as embedder."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,14 +22,22 @@ def save_judge(folder, chat_template: bool = True):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from harness.models.shaped import build_processor
+    from harness.models.synthetic import build_processor
 
     tokenizer = build_processor("qwen3-8b", "text")
     if not chat_template:
         tokenizer.chat_template = None
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=151936, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, tie_word_embeddings=True)
+    config = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
     Qwen3ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -93,7 +102,11 @@ def test_a_judge_folder_that_would_load_passes_without_loading(judge_folder):
 def test_the_offline_registry_judge_passes(monkeypatch):
     monkeypatch.delenv("MODEL_PATH", raising=False)
     monkeypatch.setenv(judge.ENV, "smollm2-135m")
-    MMAUProTask().check_ready()  # embedder: the MiniLM package, the default
+    from harness.models.source import RegistrySource
+
+    MMAUProTask(models=RegistrySource()).check_ready()  # embedder: the MiniLM package, the default
+    with pytest.raises(TaskNotReady, match="neither a local folder nor in the HF cache"):
+        MMAUProTask().check_ready()  # without the harness's registry a judge is a folder or a hub id
 
 
 def test_a_judge_folder_without_weights_or_chat_template_fails(tmp_path):
@@ -120,8 +133,10 @@ def test_a_checked_judge_folder_loads_and_rates(judge_folder):
 # ------------------------------------------------------------------ which judge ran: notes and describe
 def test_a_stand_in_judge_makes_the_open_ended_numbers_a_pipeline_check(judge_folder, monkeypatch):
     task = MMAUProTask(judge="smollm2-135m")
-    assert task.notes() == ["open-ended items judged by smollm2-135m, not the official Qwen/Qwen2.5-7B-Instruct: "
-                            "a pipeline check, not a score"]
+    assert task.notes() == [
+        "open-ended items judged by smollm2-135m, not the official Qwen/Qwen2.5-7B-Instruct: "
+        "a pipeline check, not a score"
+    ]
     settings = task.describe()
     assert settings["judge"] == "smollm2-135m" and settings["judge_official"] is False
     monkeypatch.setenv(judge.ENV, str(judge_folder))
@@ -141,8 +156,12 @@ def test_a_local_copy_of_the_official_judge_counts_as_official(tmp_path):
     snapshot = tmp_path / "hub" / "models--Qwen--Qwen2.5-7B-Instruct" / "snapshots" / "a1b2c3"
     renamed = tmp_path / "my-judge"
     other_shape = tmp_path / "other" / "Qwen2.5-7B-Instruct"
-    for folder, values in ((copy, config), (snapshot, config), (renamed, config),
-                           (other_shape, {**config, "num_hidden_layers": 2})):
+    for folder, values in (
+        (copy, config),
+        (snapshot, config),
+        (renamed, config),
+        (other_shape, {**config, "num_hidden_layers": 2}),
+    ):
         folder.mkdir(parents=True)
         (folder / "config.json").write_text(json.dumps(values))
     assert judge.is_official(str(copy)) and judge.is_official(str(snapshot))

@@ -1,5 +1,6 @@
-"""Re-scoring a committed MMAU-Pro result from its recorded predictions (tasks.mmau_pro.rescore): the
+"""Re-scoring a committed MMAU-Pro result from its recorded predictions (harness.rescore): the
 current rules, the same samples, a valid result, and a failed item scored on the official stand-in."""
+
 from __future__ import annotations
 
 import copy
@@ -8,16 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from harness import rescore
 from harness import results as R
-from tasks.mmau_pro import VERSION, MMAUProTask, rescore, score
+from harness.models.source import RegistrySource
+from tasks.mmau_pro import VERSION, MMAUProTask, score
 
-COMMITTED = (Path(__file__).resolve().parents[2] / "results" / "runs" / "mmau-pro.generated" / "tiny-qwen3-omni"
-             / "kivi.json")
+COMMITTED = (
+    Path(__file__).resolve().parents[2] / "results" / "runs" / "mmau-pro.generated" / "tiny-qwen3-omni" / "kivi.json"
+)
 
 
 @pytest.fixture(scope="module")
 def task():
-    return MMAUProTask(judge="smollm2-135m", embedder="all-MiniLM-L6-v2")
+    return MMAUProTask(judge="smollm2-135m", embedder="all-MiniLM-L6-v2", models=RegistrySource())
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """MMAU-Pro scoring: judge prompt and parsing, Good Rate, letter mapping, closed-form matching with
 the real MiniLM embedder (raw answers officially, letters mapped only in the extra metric), aggregation."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,17 +10,29 @@ from tasks.mmau_pro import MMAUProTask, score
 
 # ------------------------------------------------------------------ the judge's output
 def test_full_judge_output():
-    text = ("CORRECTNESS: 4 - right.\nRELEVANCE: 5 - on topic.\nCOMPLETENESS: 3 - partial.\n"
-            "CLARITY: 5 - clear.\nOVERALL: 4.25 - good.")
-    assert score.parse_judge_scores(text) == {"correctness": 4.0, "relevance": 5.0, "completeness": 3.0,
-                                              "clarity": 5.0, "overall": 4.25}
+    text = (
+        "CORRECTNESS: 4 - right.\nRELEVANCE: 5 - on topic.\nCOMPLETENESS: 3 - partial.\n"
+        "CLARITY: 5 - clear.\nOVERALL: 4.25 - good."
+    )
+    assert score.parse_judge_scores(text) == {
+        "correctness": 4.0,
+        "relevance": 5.0,
+        "completeness": 3.0,
+        "clarity": 5.0,
+        "overall": 4.25,
+    }
 
 
 def test_missing_scores_count_three_and_overall_is_recomputed():
     text = "correctness: 5\nClarity: 1\nOVERALL: n/a"
     # relevance and completeness missing -> 3.0; OVERALL missing -> mean(5, 3, 3, 1) = 3.0
-    assert score.parse_judge_scores(text) == {"correctness": 5.0, "relevance": 3.0, "completeness": 3.0,
-                                              "clarity": 1.0, "overall": 3.0}
+    assert score.parse_judge_scores(text) == {
+        "correctness": 5.0,
+        "relevance": 3.0,
+        "completeness": 3.0,
+        "clarity": 1.0,
+        "overall": 3.0,
+    }
     assert score.parse_judge_scores("no scores at all")["overall"] == 3.0
 
 
@@ -47,11 +60,22 @@ def test_judge_prompt_wording():
 
 
 # ------------------------------------------------------------------ letters and choices
-@pytest.mark.parametrize("prediction, expected", [
-    ("B", ("cat", 1)), ("(B)", ("cat", 1)), ("B.", ("cat", 1)), ("B) cat", ("cat", 1)), ("C:", ("bird", 2)),
-    ("Answer: C", ("bird", 2)), ("The answer is A.", ("dog", 0)),
-    ("A dog barks", ("A dog barks", None)), ("D", ("D", None)), ("b", ("b", None)), ("I think B", ("I think B", None)),
-])
+@pytest.mark.parametrize(
+    "prediction, expected",
+    [
+        ("B", ("cat", 1)),
+        ("(B)", ("cat", 1)),
+        ("B.", ("cat", 1)),
+        ("B) cat", ("cat", 1)),
+        ("C:", ("bird", 2)),
+        ("Answer: C", ("bird", 2)),
+        ("The answer is A.", ("dog", 0)),
+        ("A dog barks", ("A dog barks", None)),
+        ("D", ("D", None)),
+        ("b", ("b", None)),
+        ("I think B", ("I think B", None)),
+    ],
+)
 def test_letter_to_option_mapping(prediction, expected):
     assert score.map_letter(prediction, ["dog", "cat", "bird"]) == expected
 
@@ -66,15 +90,23 @@ def task():
     return MMAUProTask(embedder="all-MiniLM-L6-v2")
 
 
-CLOSED = {"id": "c1", "category": "sound", "question": "Which best describes the sound?",
-          "choices": ["a steady pure tone", "white noise", "a rising pitch sweep", "silence"], "answer": "white noise"}
+CLOSED = {
+    "id": "c1",
+    "category": "sound",
+    "question": "Which best describes the sound?",
+    "choices": ["a steady pure tone", "white noise", "a rising pitch sweep", "silence"],
+    "answer": "white noise",
+}
 
 
-@pytest.mark.parametrize("prediction, matched", [
-    ("It is hissing static noise.", "white noise"),
-    ("Nothing at all, it is quiet: silence.", "silence"),
-    ("The pitch goes up over time", "a rising pitch sweep"),
-])
+@pytest.mark.parametrize(
+    "prediction, matched",
+    [
+        ("It is hissing static noise.", "white noise"),
+        ("Nothing at all, it is quiet: silence.", "silence"),
+        ("The pitch goes up over time", "a rising pitch sweep"),
+    ],
+)
 def test_closed_form_matching_with_minilm(task, prediction, matched):
     out = task.score_prediction(CLOSED, prediction)
     assert out["matched_choice"] == out["matched_choice_letters_mapped"] == matched  # no letter: both the same
@@ -113,9 +145,13 @@ def rec(i, category, kind, **fields):
 
 def test_aggregate_matches_the_official_formulas():
     records = [
-        rec(0, "open", "open", overall=4.0), rec(1, "open", "open", overall=3.5), rec(2, "open", "open", overall=5.0),
-        rec(3, "instruction following", "aif", passed=1), rec(4, "instruction following", "aif", passed=0),
-        rec(5, "sound", "closed", correct=1), rec(6, "sound", "closed", correct=0, correct_letters_mapped=1),
+        rec(0, "open", "open", overall=4.0),
+        rec(1, "open", "open", overall=3.5),
+        rec(2, "open", "open", overall=5.0),
+        rec(3, "instruction following", "aif", passed=1),
+        rec(4, "instruction following", "aif", passed=0),
+        rec(5, "sound", "closed", correct=1),
+        rec(6, "sound", "closed", correct=0, correct_letters_mapped=1),
         rec(7, "music", "closed", correct=1),
         rec(8, "music", "closed", correct=0, error="item r8: audio missing", failure="audio"),
         {"id": "r9", "category": "music", "kind": "excluded", "excluded": "item r9: one choice"},
@@ -130,8 +166,15 @@ def test_aggregate_matches_the_official_formulas():
     assert m["closed_letters_mapped"] == 75.0
     assert m["overall_letters_mapped"] == pytest.approx((3 * (12.5 / 3 / 5) + 2 * 0.5 + 2 * 1.0 + 2 * 0.5) / 9 * 100)
     assert m["n"] == 10 and m["n_errors"] == 1
-    assert out["categories"]["music"] == {"type": "closed", "n": 2, "score": 50.0, "score_letters_mapped": 50.0,
-                                          "n_failed": 1, "n_failed_audio": 1, "n_excluded": 1}
+    assert out["categories"]["music"] == {
+        "type": "closed",
+        "n": 2,
+        "score": 50.0,
+        "score_letters_mapped": 50.0,
+        "n_failed": 1,
+        "n_failed_audio": 1,
+        "n_excluded": 1,
+    }
     assert [s["name"] for s in out["scorers"]] == ["aif", "closed", "open"]
     assert set(out["rules"]) >= {"overall", "closed", "closed_letters_mapped"}
     assert "ours" in out["rules"]["closed_letters_mapped"]

@@ -1,20 +1,29 @@
 """MMAU-Pro on a model with random weights: closed and open items are generated but not scored (no embedder, no
 judge loaded), instruction-following items keep their rule-based score, and the result says so."""
+
 from __future__ import annotations
 
 import pytest
 
+from harness.models import tiny  # noqa: E402
 from tasks.mmau_pro import UNSCORED, MMAUProTask, generate
 
-tiny = pytest.importorskip("harness.models.tiny")
 run = pytest.importorskip("harness.run")
 
 
 def test_random_weights_are_not_scored_by_models(tmp_path):
     data = generate.ensure_generated(tmp_path / "cache")
     task = MMAUProTask(judge="no-such-judge", embedder="no-such-embedder", max_new_tokens=4, model_scoring=False)
-    [result] = run.evaluate("qwen3-omni-30b-a3b", "oscar", task=task, data=str(data), limit=5,
-                            adapter=tiny.build("qwen3_omni"), out=str(tmp_path / "{method}.json"), n_resamples=20)
+    [result] = run.evaluate(
+        "qwen3-omni-30b-a3b",
+        "oscar",
+        task=task,
+        data=str(data),
+        limit=5,
+        adapter=tiny("qwen3_omni"),
+        out=str(tmp_path / "{method}.json"),
+        n_resamples=20,
+    )
     kinds = {s["id"]: s["kind"] for s in result["samples"]}
     assert set(kinds.values()) == {"closed", "open", "aif"}  # the first five items: every kind
     for s in result["samples"]:
@@ -30,8 +39,12 @@ def test_random_weights_are_not_scored_by_models(tmp_path):
 
 
 def test_the_harness_turns_model_scoring_off_only_for_random_real_size_weights():
-    task = MMAUProTask()
+    from harness.models.source import RegistrySource
+
+    task = MMAUProTask(models=RegistrySource())
     assert run.scoring_for(task, {"weights": "real", "replica": False}) is task
     assert run.scoring_for(task, {"weights": "random", "replica": True}) is task  # replicas keep the real scorers
     copy = run.scoring_for(task, {"weights": "random", "replica": False})
     assert copy is not task and copy.model_scoring is False and task.model_scoring is True
+    bare = MMAUProTask()  # the run's copy gets the registry, for a judge named by it
+    assert isinstance(run.scoring_for(bare, {"weights": "real"}).models, RegistrySource) and bare.models is None

@@ -1,4 +1,5 @@
 """OCRBench data: the generated set, every loader on the same items, clear errors, prompt snapshot."""
+
 from __future__ import annotations
 
 import json
@@ -38,9 +39,16 @@ def test_generated_images_decode_and_differ(generated):
 
 
 def _hub_rows(items):
-    return [{"dataset": i["dataset"], "question": i["question"], "question_type": i["question_type"],
-             "answer": i["answers"], "image": {"bytes": Path(i["image"]["path"]).read_bytes(), "path": None}}
-            for i in items]
+    return [
+        {
+            "dataset": i["dataset"],
+            "question": i["question"],
+            "question_type": i["question_type"],
+            "answer": i["answers"],
+            "image": {"bytes": Path(i["image"]["path"]).read_bytes(), "path": None},
+        }
+        for i in items
+    ]
 
 
 def test_parquet_and_saved_dataset_load_the_same_items(generated, tmp_path):
@@ -53,9 +61,15 @@ def test_parquet_and_saved_dataset_load_the_same_items(generated, tmp_path):
     (tmp_path / "hub" / "data").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "hub" / "data" / "test-00000-of-00001.parquet")
     from_parquet = data.load_path(tmp_path / "hub")
-    features = datasets.Features({"dataset": datasets.Value("string"), "question": datasets.Value("string"),
-                                  "question_type": datasets.Value("string"),
-                                  "answer": datasets.Sequence(datasets.Value("string")), "image": datasets.Image()})
+    features = datasets.Features(
+        {
+            "dataset": datasets.Value("string"),
+            "question": datasets.Value("string"),
+            "question_type": datasets.Value("string"),
+            "answer": datasets.Sequence(datasets.Value("string")),
+            "image": datasets.Image(),
+        }
+    )
     saved = datasets.DatasetDict({"test": datasets.Dataset.from_list(rows, features=features)})
     saved.save_to_disk(str(tmp_path / "saved"))
     from_saved = data.load_path(tmp_path / "saved")
@@ -103,16 +117,18 @@ def test_images_folder_not_found_is_a_clear_error(generated, tmp_path):
 
 
 def test_prompt_text_snapshot(generated):
-    """The exact text run_item puts in Prompt.text, per category (the bare, stripped question)."""
+    """The exact text `requests` puts in Prompt.text, per category (the bare, stripped question)."""
     items = {i["question_type"]: i for i in data.load_path(generated)}
     assert prompt_text(items["Regular Text Recognition"]) == "what is written in the image?"
     assert prompt_text(items["Digit String Recognition"]) == "what is the number in the image?"
     assert prompt_text(items["Key Information Extraction"]) == (
-        "what is the total amount of this receipt? Answer this question using the text in the image directly.")
+        "what is the total amount of this receipt? Answer this question using the text in the image directly."
+    )
     assert prompt_text(items["Handwritten Mathematical Expression Recognition"]) == (
-        "Please write out the expression of the formula in the image using LaTeX format.")
+        "Please write out the expression of the formula in the image using LaTeX format."
+    )
     assert prompt_text({"question": "  what is written in the image?\n"}) == "what is written in the image?"
-    prompt = TASK.build_prompt(items["Doc-oriented VQA"])
+    prompt = TASK.requests(items["Doc-oriented VQA"])[0].prompt
     assert prompt.text == "What is the invoice number?" and len(prompt.images) == 1 and not prompt.audios
     assert TASK.version == VERSION == 1 and TASK.max_new_tokens == 128
 
@@ -124,7 +140,7 @@ def test_large_set_adds_pages_of_the_real_image_sizes(tmp_path):
     from tasks.ocrbench.generate import PAGE_CATEGORIES, PAGE_SIZES, build_large
 
     records = build_large(tmp_path)
-    pages = records[:len(PAGE_SIZES) * len(PAGE_CATEGORIES)]
+    pages = records[: len(PAGE_SIZES) * len(PAGE_CATEGORIES)]
     assert len(records) == 30 + 16 and [r["id"] for r in records] == list(range(46))
     sizes = [Image.open(tmp_path / "OCRBench_Images" / r["image_path"]).size for r in pages]
     assert sizes == [s for s in PAGE_SIZES for _ in PAGE_CATEGORIES]

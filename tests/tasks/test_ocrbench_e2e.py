@@ -1,6 +1,7 @@
 """OCRBench end to end on the generated set with the tiny replicas, every quantization method,
 through the harness's eval loop: a schema-valid result with every category filled, bad items
 recorded as failures while the run goes on, and the prompt as each model family renders it."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.models import tiny  # noqa: E402
 from tasks.ocrbench import OCRBenchTask, generate, score
 
-tiny = pytest.importorskip("harness.models.tiny", reason="the adapters' tiny replicas are not there yet")
 run = pytest.importorskip("harness.run", reason="the harness eval loop is not there yet")
 quant = pytest.importorskip("quant")
 SMOKE_TOKENS = 4  # replicas have random weights: 4 tokens exercise decoding as well as 128 would
@@ -49,9 +50,16 @@ def _check_result(result: dict, n_items: int) -> None:
 
 
 def test_every_method_on_tiny_qwen3_vl(dataset, tmp_path):
-    adapter = tiny.build("qwen3_vl")
-    results = run.evaluate("qwen3-vl-4b", "all", task=OCRBenchTask(max_new_tokens=SMOKE_TOKENS), data=str(dataset),
-                           adapter=adapter, out=str(tmp_path / "{task}" / "{model}" / "{method}.json"), n_resamples=20)
+    adapter = tiny("qwen3_vl")
+    results = run.evaluate(
+        "qwen3-vl-4b",
+        "all",
+        task=OCRBenchTask(max_new_tokens=SMOKE_TOKENS),
+        data=str(dataset),
+        adapter=adapter,
+        out=str(tmp_path / "{task}" / "{model}" / "{method}.json"),
+        n_resamples=20,
+    )
     assert [r["method"]["name"] for r in results] == quant.list_methods()
     for result in results:
         _check_result(result, 12)
@@ -60,9 +68,16 @@ def test_every_method_on_tiny_qwen3_vl(dataset, tmp_path):
 
 
 def test_llava_family_runs_too(dataset, tmp_path):
-    adapter = tiny.build("llava")
-    results = run.evaluate("llava-v1.6-7b", "bf16,oscar", task=OCRBenchTask(max_new_tokens=SMOKE_TOKENS),
-                           data=str(dataset), adapter=adapter, out=str(tmp_path / "{method}.json"), n_resamples=20)
+    adapter = tiny("llava")
+    results = run.evaluate(
+        "llava-v1.6-7b",
+        "bf16,oscar",
+        task=OCRBenchTask(max_new_tokens=SMOKE_TOKENS),
+        data=str(dataset),
+        adapter=adapter,
+        out=str(tmp_path / "{method}.json"),
+        n_resamples=20,
+    )
     for result in results:
         _check_result(result, 12)
 
@@ -71,13 +86,13 @@ def test_llava_family_runs_too(dataset, tmp_path):
 def test_prompt_as_rendered_by_each_family(dataset, family):
     """Snapshot of the chat-templated prompt text per family (the tiny replicas use each family's
     chat format), with the image placeholder before the question."""
-    adapter = tiny.build(family)
+    adapter = tiny(family)
     item = OCRBenchTask().load(str(dataset))[4]  # Digit String Recognition
     render = getattr(adapter, "render_prompt", None) or adapter.chat_text
-    text = render(OCRBenchTask().build_prompt(item))
+    text = render(OCRBenchTask().requests(item)[0].prompt)
     expected = {
         "qwen3_vl": "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>what is the number in the image?"
-                    "<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_end|>\n<|im_start|>assistant\n",
         "llava": "USER: <image>\nwhat is the number in the image? ASSISTANT:",
     }[family]
     assert text == expected

@@ -1,4 +1,5 @@
 """OCRBench scoring: the official rule on hand-written cases, agreement with lmms-eval, purity."""
+
 from __future__ import annotations
 
 import random

@@ -1,6 +1,7 @@
 """Runs that cannot give a real number are refused with the cause: a model that cannot read the task's
 inputs (before any weights load), and a run where every item failed (no result of 0 written); failures
 of a finished run are listed under the summary table."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,13 +11,14 @@ import pytest
 from harness import models as M
 from harness import run
 from harness.cli import main as cli
-from tasks.base import FAMILY_READS, failure_summary, refuse_unreadable
+from tasks.base import failure_summary
 from tasks.mmau_pro import MMAUProTask, generate
 
 
 @pytest.fixture()
 def no_weights(monkeypatch):
     """Loading any model fails the test: refusals must come first."""
+
     def load(name, **options):
         raise AssertionError(f"weights of {name} were loaded before the refusal")
 
@@ -32,8 +34,11 @@ def test_a_text_model_is_refused_on_ocrbench(no_weights):
 
 
 def test_an_image_model_is_refused_on_mmau_pro(no_weights):
-    with pytest.raises(ValueError, match=r"tiny-llava cannot run mmau-pro: .*\(no audio\); "
-                                         r"models that can: qwen3-omni-30b-a3b, tiny-qwen3-omni$"):
+    with pytest.raises(
+        ValueError,
+        match=r"tiny-llava cannot run mmau-pro: .*\(no audio\); "
+        r"models that can: qwen3-omni-30b-a3b, tiny-qwen3-omni$",
+    ):
         run.evaluate("tiny-llava", "bf16", task="mmau-pro", data="generated")
 
 
@@ -42,12 +47,12 @@ def test_the_cli_exits_non_zero_with_the_refusal(no_weights, capsys):
     assert "qwen3-vl-4b cannot run mmau-pro" in capsys.readouterr().err
 
 
-def test_every_registered_family_says_what_it_reads():
-    assert {spec.family for spec in M.MODELS.values()} <= set(FAMILY_READS)
-    refuse_unreadable(MMAUProTask(), "qwen3-omni-30b-a3b", M.MODELS)  # reads audio: no error
-    odd = {"x": type("Spec", (), {"family": "speech"})()}
-    with pytest.raises(ValueError, match="family 'speech' of x is missing from tasks.base.FAMILY_READS"):
-        refuse_unreadable(MMAUProTask(), "x", odd)
+def test_every_registered_family_says_what_it_reads(monkeypatch):
+    assert all(M.family_of(name).reads for name in M.MODELS)
+    M.refuse_unreadable(MMAUProTask(), "qwen3-omni-30b-a3b")  # reads audio: no error
+    monkeypatch.setitem(M.MODELS, "x", M.ModelSpec("x", "random:x", "speech", "ppl"))
+    with pytest.raises(KeyError, match="unknown model family 'speech'.*FAMILY in its __init__.py"):
+        M.refuse_unreadable(MMAUProTask(), "x")
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +81,21 @@ def test_a_run_where_every_item_failed_exits_non_zero(aif_only, tmp_path, capsys
     rows = [dict(r, audio_path=["data/gone.wav"]) for r in table.to_pylist()]
     pq.write_table(table.from_pylist(rows, schema=table.schema), tmp_path / "test.parquet")
     out = tmp_path / "{method}.json"
-    code = cli(["eval", "--model", "tiny-qwen3-omni", "--quant", "bf16", "--task", "mmau-pro", "--data", str(tmp_path),
-                "--out", str(out)])
+    code = cli(
+        [
+            "eval",
+            "--model",
+            "tiny-qwen3-omni",
+            "--quant",
+            "bf16",
+            "--task",
+            "mmau-pro",
+            "--data",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "mmau-pro with bf16: all 2 items failed, no result written" in err
     assert "audio 'data/gone.wav' not found" in err and not (tmp_path / "bf16.json").exists()
@@ -88,8 +106,15 @@ def test_the_summary_lists_failures(aif_only, tmp_path, monkeypatch):
 
     monkeypatch.setenv("MMAU_PRO_JUDGE", "smollm2-135m")  # the run checks its judge before the first item
 
-    [result] = run.evaluate("tiny-qwen3-omni", "bf16", task=MMAUProTask(max_new_tokens=4), data=str(aif_only),
-                            adapter=tiny.build("qwen3_omni"), out=str(tmp_path / "{method}.json"), n_resamples=20)
+    [result] = run.evaluate(
+        "tiny-qwen3-omni",
+        "bf16",
+        task=MMAUProTask(max_new_tokens=4),
+        data=str(aif_only),
+        adapter=tiny("qwen3_omni"),
+        out=str(tmp_path / "{method}.json"),
+        n_resamples=20,
+    )
     assert result["n_errors"] == 1 and result["categories"]["instruction following"]["metrics"]["n_failed_audio"] == 1
     assert failure_summary(result["samples"]) == {"audio": {"n": 1, "first": result["samples"][1]["error"]}}
     table = run.summary_table([result])

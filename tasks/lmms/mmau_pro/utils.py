@@ -5,6 +5,7 @@ the form lmms-eval's audio models take. Scoring (embedder, judge, AIF rules) is 
 every row is scored as the official evaluator scores it (a missing answer as "" / "None"); closed items
 with fewer than two choices are left out, as officially.
 """
+
 import math
 from functools import lru_cache
 
@@ -13,7 +14,16 @@ from tasks.mmau_pro import MMAUProTask, data, excluded_reason, prompt_text, scor
 
 @lru_cache(maxsize=1)
 def _task():
-    return MMAUProTask()  # judge / embedder from MMAU_PRO_JUDGE / MMAU_PRO_EMBEDDER
+    """The task with judge / embedder from MMAU_PRO_JUDGE / MMAU_PRO_EMBEDDER. These hooks run inside lmms-eval's
+    process beside the oscar-eval model plugin, so a judge may be a registered model by name (smollm2-135m): the
+    harness's registry is looked up by name when it is installed (tasks never import the harness)."""
+    import importlib
+
+    try:
+        models = importlib.import_module("harness.models.source").RegistrySource()
+    except ImportError:  # the tasks without the harness: judges by folder or hub id only
+        models = None
+    return MMAUProTask(models=models)
 
 
 @lru_cache(maxsize=1)

