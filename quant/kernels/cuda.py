@@ -317,8 +317,8 @@ WIDE_MIN_TOKENS = 16384
 def wide_plan(tokens: int, rows: int, sms: int, query_rows: int = 1) -> bool:
     """Whether a step of `rows` (batch x KV heads) of `tokens` packed tokens, `query_rows` (GQA group x Lq) a row, takes
     the WIDE build: at least 32 SMs a row (the thinker's 4 KV heads at batch 1); or at least 16 SMs a row with 8 or
-    more query rows (the thinker at batch 2) or >= WIDE_MIN_TOKENS tokens (Qwen3's 8 KV heads at batch 1 from 16K; at
-    4K it measured slower)."""
+    more query rows (the thinker at batch 2) or >= WIDE_MIN_TOKENS tokens (Qwen3's 8 KV heads at batch 1 from 16K;
+    shorter rows' splits leave 8 warps one or two groups each, and NARROW is faster)."""
     return rows * 32 <= sms or (rows * 16 <= sms and (query_rows >= 8 or tokens >= WIDE_MIN_TOKENS))
 
 
@@ -454,25 +454,20 @@ def decode_plan(
     """The decode launch's plan: (split_tokens, num_splits, window_cta) for `rows` (batch x KV heads) of `tokens`
     packed tokens and `residual` window tokens on `sms` SMs with room for `min_blocks` CTAs each.
 
-    A single wave is planned by where its slowest SM ends (`slowest_sm`): the block scheduler deals CTA i to the
-    same SM as CTA i + sms (H100 traces), so a split count that puts three long CTAs on a few SMs
-    while the rest hold two ends late. On the H100 (clean L2): 1x128K 32 splits (2 long CTAs on every SM) 48.1
-    us, 47 (3 on 112 SMs) 51.9, 33 (3 long on 6 SMs) 62.5; llava 1x128K with window CTAs 11 splits 157.9, 7 165.8,
-    8 202.7; 16x32K 2 splits 154.6, 3 158.3. While the rows fit one wave, plans of several waves compete
-    too (`_best_plan`); beyond, `plan_splits`'s wave rule decides. A plan of a few waves in which the folded window
-    would weigh >= 1/4 of a split gives the windows their own CTAs instead, started last (`waves_with_window`,
-    `cta_order`; 64x4K: 2 splits + 512 window CTAs, 99.7 us after the dirty flush, against 3 splits with the window
-    folded 105.8). A one-wave plan of two splits per row whose rows fill each SM's first slot makes the
-    first split the longer and starts it first (`paired_splits`; 16x32K about 1 us).
+    A single wave is planned by where its slowest SM ends (`slowest_sm`): the block scheduler deals CTA i to the same SM
+    as CTA i + sms, so a split count that puts three long CTAs on a few SMs while the rest hold two ends later than
+    fewer splits that load every SM alike. While the rows fit one wave, plans of several waves compete too
+    (`_best_plan`); beyond, `plan_splits`'s wave rule decides. A plan of a few waves in which the folded window would
+    weigh >= 1/4 of a split gives the windows their own CTAs instead, started last (`waves_with_window`, `cta_order`),
+    so that they fill the last wave's gaps instead of lengthening a split per row. A one-wave plan of two splits per row
+    whose rows fill each SM's first slot makes the first split the longer and starts it first (`paired_splits`): an SM's
+    first CTA runs ahead of its second.
 
     Where `separate_window` gives the window its own CTA, the best one-wave plan with the window folded competes too,
-    and wins where its slowest SM ends sooner and its grid puts more than one CTA on an SM. Rows of 32 x 128K: 11
-    splits and 32 window CTAs put three 11.9K-token splits on 110 SMs and three window CTAs on 11; 8 splits with the
-    window folded put two 16.5K-token splits on 124 SMs: 171.7 / 158.6 -> 161.2 / 150.6 us (LLaVA 1 x 128K, dirty /
-    read-only flush). Of the other such plans (16K-128K tokens, 12-40 rows) measured on the H100,
-    all but one gained 1-8% after the read-only flush, and none lost more than 0.3 us after the dirty one but Qwen3
-    3 x 16K (+1.3 us, +5%; +0.5 us clean). Folded plans of one CTA an SM (8K tokens and less) lost up to 12% (LLaVA
-    1 x 8K, 7 splits and window CTAs against 4 folded), so they stay out."""
+    and wins where its slowest SM ends sooner and its grid puts more than one CTA on an SM: at LLaVA 1 x 128K, fewer
+    and longer splits two to an SM beat more splits plus window CTAs that put three on most SMs. Folded plans of one
+    CTA an SM (8K tokens and less) lose to the window's own CTA, so they stay out. The timings behind each rule:
+    docs/PERFORMANCE.md, The split plan."""
     slots = sms * min_blocks
     auto = window_cta is None
     if auto:
@@ -528,13 +523,9 @@ def waves_with_window(tokens: int, rows: int, slots: int, most: int = 8) -> tupl
     the splits' count whose CTAs plus the windows' fill their waves best (ties: fewer). The block scheduler hands
     freed slots the next CTA, so the short window CTAs fill the last wave's gaps instead of lengthening one split
     per row. `decode_plan` takes it when a folded window would weigh >= 1/4 of a split and the grid is a few waves
-    (H100, dirty / read-only flush us):
-    - qwen3 64 x 4K (window 683 weighed tokens against 1408-token splits, 3.9 waves): 3 splits, window folded,
-      105.8-105.9 / 98.8-99.2; 2 splits and the window CTAs last 99.6-100.5 / 91.0-91.5 (in row order 109.3 / 101.0);
-    - where the window is light against a split, folding stays: qwen3 14 x 128K 7 splits folded 522.6 / 496.7 against
-      6 splits and window CTAs 567.1 / 540.8 (7 and window CTAs: 519.7 / 491.7); 17 x 128K 650.3 / 622.5 against
-      675.0 / 663.0;
-    - and so it does over many waves: llava 64 x 4K (26 waves) 352.1 / 352.2 folded, 356.6 / 354.7 with window CTAs."""
+    (Qwen3 64 x 4K), and only if the windows start last: in row order they lengthen the step instead. Where the
+    window is light against a split (batches at 128K), or over many waves, where the scheduler evens the CTAs out
+    anyway, folding stays: the extra CTAs cost about what they save or more (docs/PERFORMANCE.md, The split plan)."""
 
     def busy(s):
         ctas = rows * (s + 1)
@@ -576,9 +567,9 @@ def slowest_sm(tokens: int, rows: int, split: int, splits: int, sms: int, window
 
 def waves_cost(costs: list[float], sms: int, per_sm: int) -> float:
     """Work of the slowest SM, in packed tokens, for a grid of more CTAs than resident slots (sms * per_sm): each
-    wave of `slots` CTAs (a partial last one too) costs per_sm of the longest CTA. Partial waves end as late as full
-    ones in H100 sweeps (14 x 128K: 7 splits, 784 CTAs in 1.98 waves, 499 us; 8 splits, 896 CTAs in 2.26 waves,
-    540 us), so the plans this picks among are the fullest (`plan_splits`' busy rule)."""
+    wave of `slots` CTAs (a partial last one too) costs per_sm of the longest CTA. A partial last wave ends as late as
+    a full one (docs/PERFORMANCE.md, The split plan), so the plans this picks among are the fullest (`plan_splits`'
+    busy rule)."""
     slots = sms * per_sm
     return -(-len(costs) // slots) * per_sm * max(costs)
 
@@ -593,9 +584,9 @@ TIE_MOST_SPLITS = 16
 def _best_plan(tokens: int, rows: int, sms: int, room: int, residual: int, window_cta: bool):
     """The cheaper of the best one-wave plan (`slowest_sm` over every split count that fits one wave) and, when up
     to 8 splits can overfill it, the several-wave plan whose last wave is fullest (`waves_cost`); ties go to one
-    wave. Several waves win when the rows slightly exceed the SMs (H100, clean L2: 14 x 128K, 112 rows, 7 splits
-    499 us against the best single wave's 542; 17 x 128K, 136 rows, 8 splits 627 against 780), not at 10 x 128K (3
-    splits in one wave 376 us, 8 splits 402) nor 16 x 32K. One-wave ties: TIE_MOST_SPLITS."""
+    wave. Several waves win when the rows slightly exceed the SMs (batches of 14-17 sequences at 128K: one wave holds
+    too few splits a row to load the SMs evenly), not where one wave already does (10 x 128K, 16 x 32K); the timings:
+    docs/PERFORMANCE.md, The split plan. One-wave ties: TIE_MOST_SPLITS."""
     window = 0 if window_cta else residual
     best = None
     for want in range(1, min(room // rows, -(-tokens // 128)) + 1):
@@ -628,9 +619,9 @@ def plan_splits(
     splits (<= `most`) whose CTAs fill the waves they need best (ties: fewer splits), e.g. 512 rows on 396 slots
     -> 3 splits (3.9 of 4 waves busy); `want` forces the count. window: full-precision tokens the last split's CTA also
     attends to; in a single wave, where the slowest CTA ends the step, the splits are sized as if the row held their
-    weight in packed tokens too, so that split comes out shorter by about that much (16 x 32K: 11136, 11136, 10368
-    tokens instead of 3 x 10880: 170.2 -> 166.9 us); over several waves the scheduler evens the CTAs out and longer
-    splits only cost (64 x 4K 109.3 -> 111.2 us)."""
+    weight in packed tokens too, so that split comes out shorter by about that much and ends with the others; over
+    several waves the scheduler evens the CTAs out and longer splits only cost (docs/PERFORMANCE.md, The split
+    plan)."""
     if tokens == 0:
         return block, 0
     if want is None and rows <= slots:
@@ -657,9 +648,8 @@ def cta_order(rows: int, splits: int, window_cta: bool, slots: int, sms: int | N
     them last, so that the short window CTAs fill the last wave's gaps (`waves_with_window`). A plan of `paired_splits`
     starts the window-carrying last splits last too: each SM's first CTA is a row's longer first split. Everything
     else goes row by row: the planner's `slowest_sm` model of one wave deals CTA i to SM i mod SMs in that order, and
-    starting the window-carrying last splits first measured slower (H100, dirty flush: qwen3 64 x 4K 109.6-109.9
-    against 105.8-106.5 us, llava 64 x 4K 372.1 against 351.3; within 1% either way at 14 and 17 x 128K).
-    sms: the device's SMs (default slots / 3)."""
+    starting the window-carrying last splits first is slower at 64 x 4K and no better at 14-17 x 128K
+    (docs/PERFORMANCE.md, The split plan). sms: the device's SMs (default slots / 3)."""
     if window_cta and splits >= 1 and rows * (splits + 1) > slots:
         return ORDER_SPECIAL_LAST
     if paired_splits(rows, splits, window_cta, slots // 3 if sms is None else sms):
@@ -687,10 +677,10 @@ def paired_split_tokens(tokens: int, residual: int) -> int:
 
 
 def separate_window(rows: int, slots: int) -> bool:
-    """Whether the window gets its own CTA: it runs once per step from a cold instruction cache (4 us at 1x4K,
-    13 us at 1x128K beside the splits' DRAM traffic), so off the splits' critical path it is hidden, but
-    it takes a resident slot per row: worth it when one wave holds the window CTAs beside >= 8 splits per row
-    (batch-1 steps), not for batched steps. `decode_plan` still weighs the folded plan against it."""
+    """Whether the window gets its own CTA: it runs once per step from a cold instruction cache, the slower the more
+    DRAM traffic the splits make beside it (docs/PERFORMANCE.md, The split plan), so off the splits' critical path it is
+    hidden, but it takes a resident slot per row: worth it when one wave holds the window CTAs beside >= 8 splits per
+    row (batch-1 steps), not for batched steps. `decode_plan` still weighs the folded plan against it."""
     return rows * 9 <= slots
 
 
@@ -700,10 +690,9 @@ def merge_plan(splits: int, rows: int, head_dim: int, window_cta: bool, threads:
     rows = (Hq / Hkv) * Lq query rows per KV head; threads: of the CTA. A merging thread keeps 8 partials' loads in
     flight and threads / (head_dim / 8) rows' threads share the work, so one CTA merges per round of L2 latency
     G = 8 * max(1, threads_per_pass / rows) partials; two levels are used where one would take more than four such
-    rounds (the Qwen3-Omni thinker at 1 x 128K: 64 splits of 8 rows, 8 rounds, the merge 8-11 us), and need
-    the window in its own CTA. At four rounds one level wins: the two-level kernel is ~4 us slower after a read-only
-    flush and gains <= 0.6 us after the dirty one (the thinker's 1 x 16K-64K, 26-32 splits), where at 64
-    splits it gains 4 us dirty for +0.5 clean."""
+    rounds (the Qwen3-Omni thinker at 1 x 128K: 64 splits of 8 rows, 8 rounds), and need the window in its own CTA.
+    At four rounds one level wins: the second level costs more after a read-only flush than it saves after a dirty
+    one; at eight it pays (docs/PERFORMANCE.md, The split plan)."""
     per_round = 8 * max(1, (threads // (head_dim // 8)) // max(rows, 1))
     return per_round if window_cta and splits > 4 * per_round else 0
 

@@ -1,16 +1,16 @@
 """Decode-time linear layers on the CUDA GEMV kernel (csrc/include/oscar_gemv.cuh), and `fuse_linears`, which
 puts them under a transformers model.
 
-A decode step at batch 1 multiplies one token by every weight matrix: a stream of 16 GB for a Qwen3-8B shape.
-cuBLAS runs most of those shapes as a split-K GEMM and a second reduction kernel; the q/k/v and output
-projections reach ~1.5-2.6 TB/s (profiled on an H100). The kernel here reads each weight once with all of K in one
-CTA and writes the rounded result directly; the MLP's silu(gate(x)) * up(x) is one launch instead of four, and an
-attention's q, k and v projections are one launch instead of three (`_qkv_forward`; the attention classes the model's
-quant.traits.ModelTraits lists).
-The kernel takes up to 8 tokens (`MAX_TOKENS`) in fp16/bf16, but beats cuBLAS only up to 2 (`FAST_TOKENS`; on
-the H100, at 3-8 tokens the activation reloads and the FMAs catch up with the weight stream, and cuBLAS's tensor
-cores win), so patched models use it for 1-2 tokens (a batch-1 or batch-2 decode step); everything else
-(prefill, larger batches, training, CPU) goes to torch.
+A decode step at batch 1 multiplies one token by every weight matrix: a stream of 16 GB for a Qwen3-8B shape. cuBLAS
+runs most of those shapes as a split-K GEMM and a second reduction kernel, which leaves the q/k/v and output projections
+below the copy bandwidth (docs/PERFORMANCE.md, Layer kernels). The kernel here reads each weight once with all
+of K in one CTA and writes the rounded result directly; the MLP's silu(gate(x)) * up(x) is one launch instead of four,
+and an attention's q, k and v projections are one launch instead of three (`_qkv_forward`; the attention classes the
+model's quant.traits.ModelTraits lists).
+The kernel takes up to 8 tokens (`MAX_TOKENS`) in fp16/bf16, but beats cuBLAS only up to 2 (`FAST_TOKENS`; from 3 tokens
+the activation reloads and the FMAs catch up with the weight stream, and cuBLAS's tensor cores win), so patched models
+use it for 1-2 tokens (a batch-1 or batch-2 decode step); everything else (prefill, larger batches, training, CPU) goes
+to torch.
 
 Numerics: float32 accumulation and one rounding per output, as a cuBLAS GEMM; only the summation order differs,
 so results are within the error of torch's own bf16 GEMM against float64 (tests/kernels/test_kernels_linear.py), not bit

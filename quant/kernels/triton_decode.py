@@ -20,8 +20,8 @@ The loop (per 128-token block, transposed products S^T = K Q^T and O^T = V^T P^T
 - (code * scale + zero) is one fp16 FMA: the dequantized values are those of quant.primitives, one rounding;
 - the split's whole blocks run without masks, its last partial block as one masked step after the loop;
 - V^T is built after the softmax's cross-warp max, and the row sums are reduced once after the loop.
-H100: 771 instructions per thread per block under Triton 3.6, against 1827 for a loop over the natural code order,
-and 1.95-2.4x faster than that loop at long contexts (docs/KERNELS.md).
+Together these leave the loop well under half the instructions of a loop over the natural code order, and about
+twice as fast at long contexts (docs/PERFORMANCE.md, The Triton decode).
 """
 
 from __future__ import annotations
@@ -366,8 +366,8 @@ def combine_kernel(
     """Merge the splits of one query row by log-sum-exp: program (b, h, r) for the GROUP * LQ real rows of M;
     out = (O_q @ Hd + O_r) / L into OUT [B, Hq, LQ, D] (O_q as it is without ROTATE_OUT: the model's weights carry
     V's rotation). Online over chunks of NS splits whose loads ([NS] of m and l, [NS, D] of O) are all in flight at
-    once: one round of L2 latency per chunk. (One program per (b, h) looping over the splits one at a time takes
-    ~0.35 us a split on the H100: 12 us of Qwen3's 1 x 128K step, 24 of the thinker's.)"""
+    once: one round of L2 latency per chunk. (One program per (b, h) looping over the splits one at a time pays a
+    round per split, a large share of a batch-1 step of many splits: docs/PERFORMANCE.md, The Triton decode.)"""
     pid = tl.program_id(0)
     bh = pid // (GROUP * LQ)
     r = pid % (GROUP * LQ)
@@ -432,9 +432,9 @@ def plan_splits(
     """(split_tokens, splits) of the Triton decode. rows = B * Hkv; programs: resident programs per SM.
 
     waves=None: when at least 4 splits of each row fit one wave with the window's programs (rows * (splits + 1) <=
-    sms * programs), exactly one wave of splits of >= min_blocks blocks (H100, Qwen3 1 x 128K: 32 splits, 264
-    programs on 132 SMs x 2, 168 us, where the 3-wave rule's 49 splits take 1.5 waves and 220 us); else rows * splits ~
-    3 x sms (common.choose_split). A given `waves` always takes the latter rule."""
+    sms * programs), exactly one wave of splits of >= min_blocks blocks: the 3-wave rule would leave a partial last
+    wave that ends as late as a full one (docs/PERFORMANCE.md, The Triton decode); else rows * splits ~ 3 x sms
+    (common.choose_split). A given `waves` always takes the latter rule."""
     from quant.kernels.common import choose_split
 
     one_wave = sms * programs // max(rows, 1) - 1
@@ -474,8 +474,8 @@ def decode_attention(
     sequence's window (the kernels mask inside the window only; host lengths are checked, quant.kernels.common).
     split_tokens: tokens per split, a multiple of 128 (default: plan_splits, with `waves` and the compiled kernel's
     programs per SM). The launch's tuning: num_warps, num_stages (Triton's software pipelining; None: its default),
-    maxnreg (a register cap per thread; None: the compiler's choice). On the H100, 4 warps and the compiler's
-    registers measure best (8 warps and maxnreg=168 slower, 3 stages equal).
+    maxnreg (a register cap per thread; None: the compiler's choice). The defaults, 4 warps and the compiler's
+    registers, are the fastest of the settings tried (docs/PERFORMANCE.md, The Triton decode).
     """
     import dataclasses
 
@@ -551,7 +551,7 @@ def decode_attention(
         )
 
     if split_tokens is None:
-        programs = 2  # the measured value (189 registers, 4 warps), where it cannot be read
+        programs = 2  # the 4-warp build's programs per SM (docs/PERFORMANCE.md), where it cannot be read
         if dev.type == "cuda":
             key = (dev.index, x.q.dtype, x.k_res.dtype, tuple(sorted(options.items())))
             if key not in _PROGRAMS:  # compile without launching and read the binary's registers and shared memory

@@ -10,12 +10,12 @@ with it; no module global holds it.
 On CUDA the patched RoPE launches the same formula as a CUDA kernel when the layout suits it (quant.kernels.cuda.rope,
 csrc/include/oscar_rope.cuh, same bits); this kernel is the fallback and the one CI runs under the interpreter.
 
-transformers applies RoPE as `q * cos + rotate_half(q) * sin` (and the same for k): ten elementwise kernels
-per layer (4 multiplies, 2 adds, 2 negations, 2 concatenations). At batch 1 they are ~0.7 ms of a 36-layer
-Qwen3-8B decode step on an H100 (profiled), about as much as the OScaR attention saves beside
-them. The kernel does one (batch, position) per program, every q and k head, and reproduces transformers'
-bits for fp16/bf16: each product is rounded to the input dtype, then their sum (a product of two 16-bit
-floats is exact in float32, so float32 math then one rounding is torch's result for each op).
+transformers applies RoPE as `q * cos + rotate_half(q) * sin` (and the same for k): ten elementwise kernels per layer (4
+multiplies, 2 adds, 2 negations, 2 concatenations). At batch 1 they cost a decode step about as much as the OScaR
+attention saves beside them (docs/PERFORMANCE.md, Layer kernels). The kernel does one (batch, position) per program,
+every q and k head, and reproduces transformers' bits for fp16/bf16: each product is rounded to the input dtype, then
+their sum (a product of two 16-bit floats is exact in float32, so float32 math then one rounding is torch's result for
+each op).
 """
 
 from __future__ import annotations

@@ -33,12 +33,14 @@ def processor(tokens: dict, settings: dict) -> LlavaNextProcessor:
     )
 
 
-def tiny():
-    """(LlavaNextConfig, LlavaNextProcessor) of the tiny preset."""
-    tokenizer = byte_tokenizer("</s>", "<unk>", {"image_token": "<image>"}, ("<s>",))
+def tiny(text_model: str = "llama", eos: str = "</s>", pad: str = "<unk>", extra: tuple[str, ...] = ("<s>",)):
+    """(LlavaNextConfig, LlavaNextProcessor) of the tiny preset. LLaVA-NeXT takes any causal LM as its text model:
+    `text_model` (a transformers model type at the tiny text sizes) with its tokenizer's `eos`, `pad` and `extra`
+    special tokens (a test family puts a Qwen2 there)."""
+    tokenizer = byte_tokenizer(eos, pad, {"image_token": "<image>"}, extra)
     cfg = LlavaNextConfig(
         text_config={
-            "model_type": "llama",
+            "model_type": text_model,
             **TINY_TEXT,
             "pad_token_id": tokenizer.pad_token_id,
             "eos_token_id": tokenizer.eos_token_id,

@@ -1,22 +1,15 @@
-"""The family's sizes (harness/models/synthetic.py): a tiny preset only (no published checkpoint)."""
+"""The family's sizes (harness/models/synthetic.py): a tiny preset only (no published checkpoint), LLaVA's tiny
+preset with a Qwen2 text model and a Qwen-style tokenizer."""
 
-from transformers import (
-    LlavaNextConfig,
-    LlavaNextForConditionalGeneration,
-    LlavaNextImageProcessorPil,
-    LlavaNextProcessor,
-)
-
-from harness.models.synthetic import LLAVA_TEMPLATE, byte_tokenizer
-from harness.models.text.synthetic import TINY_TEXT
+from harness.models.llava import synthetic as llava
 
 
-def config(values: dict) -> LlavaNextConfig:
-    return LlavaNextConfig(**values)
+def config(values: dict):
+    return llava.config(values)
 
 
 def model_class(config) -> type:
-    return LlavaNextForConditionalGeneration
+    return llava.model_class(config)
 
 
 def processor(tokens: dict, settings: dict):
@@ -25,36 +18,4 @@ def processor(tokens: dict, settings: dict):
 
 def tiny():
     """(LlavaNextConfig with a 2-layer Qwen2 text model, LlavaNextProcessor)."""
-    tokenizer = byte_tokenizer("<|im_end|>", "<|endoftext|>", {"image_token": "<image>"}, ("<|im_start|>",))
-    cfg = LlavaNextConfig(
-        text_config={
-            "model_type": "qwen2",
-            **TINY_TEXT,
-            "pad_token_id": tokenizer.pad_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-        },
-        vision_config={
-            "model_type": "clip_vision_model",
-            "image_size": 16,
-            "patch_size": 4,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "projection_dim": 32,
-        },
-        image_grid_pinpoints=[[32, 32]],
-        vision_feature_select_strategy="default",
-        image_token_index=tokenizer.image_token_id,
-    )
-    image_processor = LlavaNextImageProcessorPil(
-        size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}, image_grid_pinpoints=[[32, 32]]
-    )
-    return cfg, LlavaNextProcessor(
-        image_processor,
-        tokenizer,
-        patch_size=4,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        chat_template=LLAVA_TEMPLATE,
-    )
+    return llava.tiny("qwen2", eos="<|im_end|>", pad="<|endoftext|>", extra=("<|im_start|>",))
