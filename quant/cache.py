@@ -236,9 +236,17 @@ FAST_ATTENTION = "oscar_packed"  # the attention function of the fixed-shape dec
 def fast_decode_applies(kernels: KernelOptions, model) -> bool:
     """Whether a method with fixed-shape decode steps (the kernel path, BF16's buffers) takes them on `model`: it sits
     on a GPU, or the kernel options name a kernel backend. Only single sequences and a padded batch's stacked rows
-    take them (quant/engine/rows.py)."""
+    take them (quant/engine/rows.py). A model with sliding-window layers (Gemma-3) or a head dim the decode kernels
+    are not built for (64 and 128) takes the plain path for every method: the fixed steps attend to every cached
+    token and the kernels to those head dims only, so the comparison stays on one machinery."""
     device = next(model.parameters()).device
-    return kernels.backend_for(device) != "torch"
+    if kernels.backend_for(device) == "torch":
+        return False
+    cfg = text_config(model)
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    sliding = getattr(cfg, "sliding_window", None) and "sliding_attention" in (getattr(cfg, "layer_types", None) or [])
+    return head_dim in (64, 128) and not sliding
 
 
 def fast_decode_ready(kernels: KernelOptions, model) -> bool:

