@@ -85,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
 # Kernel switches that change how fast, not what is computed (graph replay gives the eager bits).
 SAME_BITS = {"cuda_graphs"}
 # Switches that result files written before them lack, read as the setting those runs had.
-ABSENT_MEANS = {"wide_decode": False}
+ABSENT_MEANS = {"wide_decode": False, "batch_invariant": False}
 
 
 # ---------------------------------------------------------------- inputs
@@ -189,12 +189,35 @@ def check_compatible(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     gpus = a["environment"].get("gpu") or b["environment"].get("gpu")
     ka, kb = ({**ABSENT_MEANS, **k} if k is not None else None for k in (ka, kb))
     differ = sorted(
-        k for k in set(ka or {}) | set(kb or {}) if k not in SAME_BITS and (ka or {}).get(k) != (kb or {}).get(k)
-    )
+        k
+        for k in set(ka or {}) | set(kb or {})
+        if k not in SAME_BITS and k != "batch_invariant" and (ka or {}).get(k) != (kb or {}).get(k)
+    )  # batch_invariant acts on any processor: batch_warnings
     if gpus and ka is not None and kb is not None and differ:  # they act on a GPU only
         diff = ", ".join(f"{k} {ka.get(k)} vs {kb.get(k)}" for k in differ)
         warnings.append(f"different model-level kernels on the GPU ({diff}): scores can differ in the last bits")
+    warnings += batch_warnings(a, b, ka, kb)
     return warnings
+
+
+def batch_warnings(a: dict[str, Any], b: dict[str, Any], ka, kb) -> list[str]:
+    """What the batch may have moved: one run in the batch-invariant mode and one not (on any processor: the mode
+    prefills and multiplies otherwise), or two runs of different batch sizes outside it (a padded batch's prefill and
+    GEMMs of another size round otherwise, and near-ties flip)."""
+    inv = [bool((k or {}).get("batch_invariant")) for k in (ka, kb)]
+    if inv[0] != inv[1]:
+        return [
+            "one run is batch-invariant and the other is not (kernels batch_invariant "
+            f"{inv[0]} vs {inv[1]}): their answers differ in the last bits, which a 2-bit cache can amplify"
+        ]
+    sizes = [r["system"].get("batch_size") for r in (a, b)]
+    if not inv[0] and None not in sizes and sizes[0] != sizes[1]:
+        return [
+            f"BATCH SIZES DIFFER ({sizes[0]} vs {sizes[1]}) outside the batch-invariant mode: answers move with the "
+            "batch size, so item changes may be the batch's, not the method's or the code's; rerun both with "
+            "--kernels batch_invariant=on (docs/METHODS.md, Batch-invariant decoding)"
+        ]
+    return []
 
 
 def processor(result: dict[str, Any]) -> str | None:

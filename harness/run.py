@@ -192,6 +192,7 @@ def evaluate(
         raise ValueError(f"--batch-size must be a positive number of prompts, got {batch_size}")
     spec, methods, task_obj = resolve(model, quant, task, backend, quant_opts)
     ranks, device = D.start(device, device_map)
+    from quant import invariant
     from quant.kernels.options import KernelOptions
 
     kernels = kernels or KernelOptions()
@@ -220,6 +221,7 @@ def evaluate(
     # record what will actually run: kernels on a GPU, the torch reference elsewhere
     model_device = next(adapter.model.parameters()).device
     backend = kernels.backend_for(model_device)
+    kernels = invariant.resolve(kernels, adapter.generator)  # the mode's default, decided for this model
     if batch_size is None:
         batch_size = getattr(task_obj, "default_batch_size", None) or (
             spec.gpu_batch_size if model_device.type == "cuda" else 1
@@ -391,7 +393,7 @@ def _write(
 
 def _differences(path: Path, ctx: RunContext) -> list[str]:
     """What the result at `path` ran otherwise than `ctx` would (empty: it is up to date): config, task version,
-    data, seed, backend, weights, and each part of the code (harness/provenance.py)."""
+    data, seed, backend, weights, the batch-invariant mode, and each part of the code (harness/provenance.py)."""
     try:
         old = R.read_result(path)
     except R.ResultFileError as err:
@@ -403,6 +405,7 @@ def _differences(path: Path, ctx: RunContext) -> list[str]:
         "seed": ctx.seed,
         "backend": ctx.backend,
         "weights": ctx.model_info["weight_hash"],
+        "batch invariance": bool(getattr(ctx.kernels, "batch_invariant", False)),  # answers move with the batch
     }
     then = {
         "config": old["method"]["config"],
@@ -411,9 +414,10 @@ def _differences(path: Path, ctx: RunContext) -> list[str]:
         "seed": old["seed"],
         "backend": old["backend"],
         "weights": old["model"]["weight_hash"],
+        "batch invariance": bool((old["environment"].get("kernels") or {}).get("batch_invariant")),
     }
     out = [
-        f"{k}" + (f" {then[k]!r} -> {now[k]!r}" if k in ("seed", "backend", "task version") else "")
+        f"{k}" + (f" {then[k]!r} -> {now[k]!r}" if k in ("seed", "backend", "task version", "batch invariance") else "")
         for k in now
         if now[k] != then[k]
     ]

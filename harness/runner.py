@@ -17,15 +17,17 @@ carries the error), never the batch's.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 
 import torch
 
 from harness.models.base import cache_argument, graph_steps, token_digest
-from harness.models.batching import collate, row_tokens
+from harness.models.batching import collate, prefill_rows, row_tokens
 from harness.models.cost import generation_cost, measure
-from tasks.contract import Generate, Request, Response, Score
+from quant.invariant import BatchInvariant
+from tasks.contract import Generate, Likelihood, Request, Response, Score
 
 
 class Runner:
@@ -34,11 +36,12 @@ class Runner:
 
     def __init__(self, adapter, method, kernels=None, traits=None, prefills=None):
         import quant
+        from quant import invariant
         from quant.kernels.options import KernelOptions
         from quant.traits import NONE
 
         self.adapter, self.method = adapter, method
-        self.kernels = kernels or KernelOptions()
+        self.kernels = invariant.resolve(kernels or KernelOptions(), adapter.generator)
         self.traits = NONE if traits is None else traits
         self.prefills = prefills
         self.prepared = quant.prepare_model(adapter.generator, method, self.kernels, self.traits)
@@ -79,17 +82,23 @@ class Runner:
             return self.generate(batch)
         if isinstance(batch[0], Score):
             return self.score(batch)
+        if isinstance(batch[0], Likelihood):
+            return self.likelihood(batch)
         raise TypeError(f"unknown request {type(batch[0]).__name__}; tasks/contract.py lists the kinds")
 
-    def make_cache(self, inputs):
+    def make_cache(self, inputs, rows: bool = False):
         """A fresh cache for the prompt batch `inputs`: every prompt position's modality and the batch's padding set
-        (None for the reference DynamicCache)."""
+        (None for the reference DynamicCache). `rows`: each sequence in layers of its own even without padding (the
+        batch-invariant prefill writes them one by one)."""
         if self.method is None:
             return None
+        custom = getattr(self.adapter, "make_cache", None)
+        if custom is not None:  # a family with caches of its own shape (Whisper: self- and cross-attention)
+            return custom(self.prepared, inputs)
         cache = self.prepared.make_cache(config=self.adapter.text_config, tokenizer=self.adapter.tokenizer)
         cache.set_modalities(self.adapter.tags(inputs).to(self.adapter.device))
         if "attention_mask" in inputs:
-            cache.set_padding(inputs["attention_mask"])
+            cache.set_padding(inputs["attention_mask"], rows=rows)
         return cache
 
     # ------------------------------------------------------------------------------------------------ generate
@@ -102,19 +111,27 @@ class Runner:
         features = [adapter.build_inputs(r.prompt) for r in batch]
         pad = adapter.pad_token_id
         inputs = collate(features, pad).to(device=adapter.device, dtype=adapter.model.dtype)
-        cache = self.make_cache(inputs)
+        invariant = self.kernels.batch_invariant and self.method is not None
+        cache = self.make_cache(inputs, rows=invariant)
         decoder = []
         with measure(adapter.device, cache, lambda: decoder[0] if decoder else None) as (clock, figures):
             with torch.inference_mode(), decode_graphs(adapter.generator, cache) as graphs:
                 decoder.append(graphs)  # None when the steps run eagerly
-                out = adapter.generator.generate(
-                    **inputs,
-                    **cache_argument(cache),
-                    do_sample=False,
-                    max_new_tokens=batch[0].max_new_tokens,
-                    streamer=clock,
-                    pad_token_id=pad,
-                )
+                steps = contextlib.nullcontext()
+                if invariant:
+                    clock.begin()
+                    prefill_rows(adapter, cache, features)
+                    inputs = {k: inputs[k] for k in ("input_ids", "attention_mask")}
+                    steps = BatchInvariant()
+                with steps:
+                    out = adapter.generator.generate(
+                        **inputs,
+                        **cache_argument(cache),
+                        do_sample=False,
+                        max_new_tokens=batch[0].max_new_tokens,
+                        streamer=clock,
+                        pad_token_id=pad,
+                    )
         new = out[:, inputs["input_ids"].shape[1] :]
         share = (time.perf_counter() - start) / len(batch)
         responses = []
@@ -183,6 +200,58 @@ class Runner:
                 )
         return out
 
+    # ------------------------------------------------------------------------------------------------ likelihood
+    def likelihood(self, batch: list[Likelihood]) -> list[Response]:
+        """Teacher-forced NLL of each request's target after its prompt, one request at a time (each alone: its own
+        cache, no padding)."""
+        return [self._likelihood(request) for request in batch]
+
+    def _likelihood(self, request: Likelihood) -> Response:
+        """The prompt's forward through a fresh cache of the method, then each target token (the tokenizer's, no
+        special tokens) as its own one-token decode step: token i is scored on the logits of the step before it (the
+        first on the prompt's last position), so every scored token after the first attends over the cache as
+        stored. NLL summed in float64. The adapter may name the forward's keywords (`forward_inputs(inputs)`,
+        `step_inputs(tokens, first_output)`: Whisper's features and decoder ids); by default the prompt's inputs and
+        then `input_ids`."""
+        adapter = self.adapter
+        start = time.perf_counter()
+        target = adapter.tokenizer(request.target, add_special_tokens=False, return_tensors="pt").input_ids
+        if target.shape[1] == 0:
+            return Response.failed(f"the target {request.target!r} has no tokens")
+        inputs = adapter.build_inputs(request.prompt).to(device=adapter.device, dtype=adapter.model.dtype)
+        target = target.to(adapter.device)
+        cache = self.make_cache(inputs)
+        model_inputs = getattr(adapter, "forward_inputs", lambda x: dict(x))(inputs)
+        step = getattr(adapter, "step_inputs", lambda tokens, first: {"input_ids": tokens})
+        nll = torch.zeros((), dtype=torch.float64, device=adapter.device)
+        with torch.inference_mode():
+            first = adapter.generator(**model_inputs, **cache_argument(cache), use_cache=True)
+            cache = _output_cache(first) if cache is None else cache  # the reference: the model's own cache
+            logits = first.logits[:, -1]
+            for i in range(target.shape[1]):
+                token = target[:, i : i + 1]
+                nll -= torch.log_softmax(logits.double(), -1).gather(-1, token)[0, 0]
+                if i + 1 < target.shape[1]:
+                    out = adapter.generator(**step(token, first), **cache_argument(cache), use_cache=True)
+                    logits = out.logits[:, -1]
+        kv = cache.nbytes() if hasattr(cache, "nbytes") else {}
+        return Response(
+            nll_sum=float(nll),
+            scored=int(target.shape[1]),
+            input_tokens=int(inputs["input_ids"].shape[1]),
+            modality_tokens=adapter.count_modalities(inputs),
+            kv_bytes=kv,
+            wall_s=time.perf_counter() - start,
+            cost={"batch": 1, "decode_steps": int(target.shape[1]) - 1},
+            details={"bits_per_element": kv.get("bits_per_element"), "window": getattr(self.method, "window", None)},
+        )
+
+
+def _output_cache(output):
+    """The cache a forward returned (`cache` from transformers 5.24 on, `past_key_values` before)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
 
 def _leading_bos(tokenizer) -> int | None:
     """The token id a model expects before any text (its tokenizer adds it: Gemma's <bos>), else None. A scored window
@@ -197,9 +266,12 @@ def _groups(requests: list[Request]) -> list[list[int]]:
     and scored length), in order of first appearance."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(requests):
-        key = (
-            (type(r).__name__, r.max_new_tokens) if isinstance(r, Generate) else (type(r).__name__, r.context, r.scored)
-        )
+        if isinstance(r, Generate):
+            key = (type(r).__name__, r.max_new_tokens)
+        elif isinstance(r, Score):
+            key = (type(r).__name__, r.context, r.scored)
+        else:  # Likelihood: answered one request at a time, whatever its lengths
+            key = (type(r).__name__,)
         groups.setdefault(key, []).append(i)
     return list(groups.values())
 

@@ -65,13 +65,14 @@ class QuantizedKVCache(Cache):
         self.modalities = tags.long()
         self.state.modalities = self.modalities
 
-    def set_padding(self, attention_mask: torch.Tensor) -> None:
+    def set_padding(self, attention_mask: torch.Tensor, rows: bool = False) -> None:
         """The prompt's padding, [B, S] (1 token, 0 pad; left padding only). Call before the prefill, after
         `set_modalities`. A batch with padding stores each sequence in layers of its own (quant/rows.py: the codes
         of each sequence are those of its prompt alone); a batch of equal lengths keeps one layer and may decode on
-        the fixed-shape path together (CacheState.uniform_rows)."""
+        the fixed-shape path together (CacheState.uniform_rows), unless `rows` (each prompt prefilled alone into its
+        own rows: the batch-invariant mode, harness/runner.py)."""
         pads = left_pads(attention_mask)
-        if not any(pads):
+        if not any(pads) and not rows:
             self.state.uniform_rows = True
             return
         if any(layer.is_initialized for layer in self.layers):
@@ -238,9 +239,11 @@ def fast_decode_applies(kernels: KernelOptions, model) -> bool:
     on a GPU, or the kernel options name a kernel backend. Only single sequences and a padded batch's stacked rows
     take them (quant/engine/rows.py). A model with sliding-window layers (Gemma-3) or a head dim the decode kernels
     are not built for (64 and 128) takes the plain path for every method: the fixed steps attend to every cached
-    token and the kernels to those head dims only, so the comparison stays on one machinery."""
+    token and the kernels to those head dims only, so the comparison stays on one machinery. An encoder-decoder
+    (Whisper) takes the plain path too: its decoder reads a cross-attention cache the fixed steps do not know, and
+    switching the attention would switch its encoder's."""
     device = next(model.parameters()).device
-    if kernels.backend_for(device) == "torch":
+    if kernels.backend_for(device) == "torch" or getattr(model.config, "is_encoder_decoder", False):
         return False
     cfg = text_config(model)
     heads = cfg.num_attention_heads
@@ -252,4 +255,7 @@ def fast_decode_applies(kernels: KernelOptions, model) -> bool:
 def fast_decode_ready(kernels: KernelOptions, model) -> bool:
     """fast_decode_applies, and the model's text attention is the fixed-shape decode's function (FAST_ATTENTION,
     switched by quant.prepare_model): SDPA for everything but those steps."""
-    return fast_decode_applies(kernels, model) and text_config(model)._attn_implementation == FAST_ATTENTION
+    return fast_decode_applies(kernels, model) and text_config(model)._attn_implementation in (
+        FAST_ATTENTION,
+        FAST_ATTENTION + "_invariant",  # the same function, row by row at masked steps (quant/invariant.py)
+    )

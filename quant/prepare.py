@@ -12,6 +12,8 @@
 - switches the text backbone's attention to the fixed-shape decode's function (quant.kernels.hf_decode, SDPA for
   everything but the fixed-shape decode steps) when the method has such steps (`method.fixed_shape_decode`) and
   they apply on the model's device with `kernels` (quant.cache.fast_decode_applies);
+- in the batch-invariant mode (`kernels.batch_invariant`), wraps the text attention so that a masked decode step
+  runs row by row (quant/invariant.py);
 - puts the layer kernels under a GPU model (quant.kernels.patch_model: RMSNorms, RoPE, decode-sized linear layers,
   for the classes `traits` lists).
 `PreparedModel.undo()` restores the weights bit for bit, every config's attention implementation and every patched
@@ -27,8 +29,9 @@ from typing import Any
 
 from torch import nn
 
-from quant import fold
+from quant import fold, invariant
 from quant.cache import FAST_ATTENTION, QuantizedKVCache, fast_decode_applies, make_cache, text_config
+from quant.kernels.hf_decode import register
 from quant.kernels.options import KernelOptions
 from quant.methods import get_method
 from quant.methods.base import MethodConfig
@@ -52,6 +55,7 @@ class PreparedModel:
     kernels_patched: dict[str, int] = field(default_factory=dict)
     undone: bool = False
     _attn: list[tuple[Any, Any]] = field(default_factory=list, repr=False)  # (config, its implementation before)
+    _experts: list[tuple[Any, Any]] = field(default_factory=list, repr=False)  # (config, its MoE experts' before)
     _patches: Any = field(default=None, repr=False)
 
     def make_cache(self, config=None, tokenizer=None) -> QuantizedKVCache:
@@ -71,6 +75,8 @@ class PreparedModel:
             self._patches.undo()
         for config, implementation in reversed(self._attn):
             config._attn_implementation_internal = implementation
+        for config, implementation in reversed(self._experts):
+            config._experts_implementation_internal = implementation
         if self.values_folded:
             fold.set_folded(self.model, False)
         self.model.__dict__.pop(_PREPARED, None)
@@ -113,8 +119,12 @@ def prepare_model(
         if method.folds_values:
             prepared.values_folded = fold.set_folded(model, True, traits)
         if method.fixed_shape_decode and fast_decode_applies(kernels, model):
-            prepared._attn = _switch_attention(model)
+            prepared._attn = _switch_attention(model, register(FAST_ATTENTION))
             prepared.fast_decode = True
+        if kernels.batch_invariant:  # the text attention row by row at masked decode steps (quant/invariant.py)
+            before = _switch_attention(model, invariant.register(text_config(model)._attn_implementation))
+            prepared._attn = prepared._attn or before
+            prepared._experts = _eager_experts(model)
         from quant.kernels import patch_model
 
         prepared._patches = patch_model(model, kernels, traits)
@@ -144,13 +154,22 @@ def _configs(model: nn.Module) -> list:
     return list(seen.values())
 
 
-def _switch_attention(model: nn.Module) -> list[tuple[Any, Any]]:
-    """Switch the text backbone's attention to FAST_ATTENTION (vision and audio encoders keep theirs); returns every
-    config's implementation before, to restore."""
-    from quant.kernels.hf_decode import register
+def _eager_experts(model: nn.Module) -> list[tuple[Any, Any]]:
+    """MoE experts (the Qwen3-Omni thinker's) on transformers' eager loop for the batch-invariant mode: one expert at
+    a time over its tokens with `linear`, which the mode multiplies in fixed row blocks; the grouped GEMM sizes its
+    tiles by how many tokens each expert got from the whole batch. Returns what to restore."""
+    before = []
+    for config in _configs(model):
+        if getattr(config, "_experts_implementation_internal", None) not in (None, "eager"):
+            before.append((config, config._experts_implementation_internal))
+            config._experts_implementation_internal = "eager"
+    return before
 
+
+def _switch_attention(model: nn.Module, name: str) -> list[tuple[Any, Any]]:
+    """Switch the text backbone's attention to the registered function `name` (vision and audio encoders keep
+    theirs); returns every config's implementation before, to restore."""
     before = [(config, config._attn_implementation_internal) for config in _configs(model)]
-    name = register(FAST_ATTENTION)
     if text_config(model) is model.config:
         model.set_attn_implementation(name)
     else:  # composite models: the text backbone only (vision/audio encoders keep their attention)

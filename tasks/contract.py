@@ -5,10 +5,12 @@ A task never calls a model. It turns an item into requests and scores the respon
 (model, method) (harness/runner.py), which answers each with its own cost. This module sits below both: tasks and
 harness import it, it imports neither.
 
-Two kinds of request:
+Three kinds of request:
 - `Generate`: a prompt (text, images, audio clips) and a token budget; answered greedily.
 - `Score`: a text whose first `context` tokens are the prompt and whose next `scored` tokens are scored by teacher
   forcing, each attending over the quantized cache as its own decode step would (perplexity).
+- `Likelihood`: a prompt and a target answer; the target's tokens are scored by teacher forcing after the prompt,
+  each as its own decode step over the quantized cache (speech: a reference transcript given its clip).
 """
 
 from __future__ import annotations
@@ -49,7 +51,17 @@ class Score:
     scored: int
 
 
-Request = Union[Generate, Score]
+@dataclass(frozen=True)
+class Likelihood:
+    """Teacher-forced NLL of `target` as the model's answer to `prompt`: the prompt is prefilled into the cache, then
+    each of the target's tokens (the model's tokenizer, no special tokens) is fed as its own decode step, scored on
+    the logits of the step before it."""
+
+    prompt: Prompt
+    target: str
+
+
+Request = Union[Generate, Score, Likelihood]
 
 
 @dataclass
@@ -58,7 +70,7 @@ class Response:
     the other fields are empty.
 
     Generate: text, tokens_sha1 (digest of the new token ids), input_tokens, new_tokens.
-    Score: nll_sum (float64 sum over the scored tokens), scored (their number).
+    Score, Likelihood: nll_sum (float64 sum over the scored tokens), scored (their number).
     Both: modality_tokens (prompt positions per modality), kv_bytes (the request's own cache bytes,
     quant.cache.QuantizedKVCache.nbytes), wall_s (its share of its batch's time), graph_steps (decode steps replayed
     as CUDA graphs), cost (harness/models/cost.py: prefill and decode time, kernel steps, peak memory, batch size),

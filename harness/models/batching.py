@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from harness.models.base import cache_argument
+
 # Keys whose dim 1 runs along the prompt: left-padded with PAD_VALUES (input_ids: the tokenizer's pad id).
 POSITION_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids", "moe_mm_token_type_ids")
 
@@ -50,3 +52,33 @@ def row_tokens(new: torch.Tensor, eos: set[int]) -> list[torch.Tensor]:
         ends = [i for i, t in enumerate(r.tolist()) if t in eos]
         rows.append(r[: ends[0] + 1] if ends else r)
     return rows
+
+
+def prefill_rows(adapter, cache, features: list[Any]) -> None:
+    """The batch-invariant prefill (quant/invariant.py): each prompt but its last token through the model alone, as a
+    batch of one without padding, into its own rows of `cache` (made with one layer per sequence:
+    QuantizedKVCache.set_padding(rows=True)). `generate` then takes the padded batch with the cache holding all but
+    the last position, so each prompt's last token goes with the batch as its first one-token step.
+
+    Models with multimodal RoPE (Qwen3-VL, the Qwen3-Omni thinker) keep each prompt's offset of text positions,
+    `rope_deltas`, on the model after its prefill and add it to the mask's positions at every later step (so it does
+    not depend on padding): the batch gets each prompt's own."""
+    generator = adapter.generator
+    holder = next((m for m in (getattr(generator, "model", None), generator) if hasattr(m, "rope_deltas")), None)
+    deltas = []
+    for b, feature in enumerate(features):
+        row = {}
+        for key, value in feature.items():
+            value = value[:, :-1] if key in POSITION_KEYS else value
+            value = value.to(adapter.device)
+            row[key] = value.to(adapter.model.dtype) if value.is_floating_point() else value
+        if holder is not None:
+            holder.rope_deltas = None  # computed afresh for this prompt
+        generator(**row, **cache_argument(cache.row(b)), use_cache=True, logits_to_keep=1)
+        if holder is not None:  # none computed: a text-only prompt, whose offset is 0
+            deltas.append(torch.zeros(1, 1, dtype=torch.long) if holder.rope_deltas is None else holder.rope_deltas)
+    if holder is not None:
+        holder.rope_deltas = torch.cat([d.to(adapter.device) for d in deltas])
+    width = max(f["input_ids"].shape[1] for f in features)
+    for layer in cache.layers:
+        layer.seen = width - 1  # the padded length transformers counts (quant/rows.py)

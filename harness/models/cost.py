@@ -37,9 +37,18 @@ class GenerationClock:
         self.first: float | None = None
         self.finished: float | None = None
         self.calls = 0
+        self._prompt_given = False
+
+    def begin(self) -> None:
+        """The prefill starts before `generate` (the batch-invariant mode prefills each prompt alone): stamp it now;
+        generate's own hand-over of the prompt is then not a new token."""
+        self.started, self.calls, self._prompt_given = time.perf_counter(), 1, True
 
     def put(self, value) -> None:
         now = time.perf_counter()
+        if self._prompt_given:
+            self._prompt_given = False
+            return
         self.calls += 1
         if self.calls == 1:
             self.started = now  # the prompt, handed over before the prefill forward

@@ -44,7 +44,7 @@ class BF16StepLayer(BF16Layer, StacksRows):
         self._buf[1].index_copy_(2, pos, v.to(dt))
         self._len.add_(1)
         self.advance_host()
-        return DenseStep(self._buf[0], self._buf[1], self._len)
+        return DenseStep(self._buf[0], self._buf[1], self._len, self._invariant())
 
     def _open_buffers(self, need: int):
         """Buffers of room for `need` tokens rounded up to GROW, holding what is stored (an eager step)."""
@@ -55,6 +55,12 @@ class BF16StepLayer(BF16Layer, StacksRows):
         self._buf[1][:, :, :n] = self.values
         self._len = torch.full((b,), n, dtype=torch.int32, device=self.keys.device)
         self.keys, self.values = self._buf[0][:, :, :n], self._buf[1][:, :, :n]
+
+    def _invariant(self) -> bool:
+        """The run's batch-invariant mode: the step's attention sums each row in splits of its own
+        (quant.kernels.triton_dense)."""
+        kernels = self.ctx.state.kernels
+        return bool(kernels and kernels.batch_invariant)
 
     @classmethod
     def stack_rows(cls, rows: list["BF16StepLayer"], state) -> "BF16Rows":
@@ -128,7 +134,7 @@ class BF16Rows(BF16StepLayer):
         self._buf[1].scatter_(2, at, value_states.to(dt))
         self._len.add_(1)
         self.advance_host()
-        return StepKV(DenseStep(self._buf[0], self._buf[1], self._len))
+        return StepKV(DenseStep(self._buf[0], self._buf[1], self._len, self._invariant()))
 
     def graph_ready(self) -> bool:
         return max(self._lens) + 1 <= self._buf[0].shape[-2]

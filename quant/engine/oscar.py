@@ -89,9 +89,7 @@ class OScaRStepLayer(OScaRLayer, StacksRows):
             )
             lens = self._kv_lens
         kernels = self.ctx.state.kernels
-        return PackedStep(
-            kv, lens, self._win_len, kernels.backend if kernels else None, kernels.wide_decode if kernels else True
-        )
+        return _step(kv, lens, self._win_len, kernels)
 
     def _open_window(self):
         b, h, n, d = self.k_res.shape
@@ -247,14 +245,7 @@ class OScaRRows(OScaRStepLayer):
             self._win_len.masked_fill_(full, 0)
         self.advance_host()
         kv = PackedKV(self._kbuf, self._vbuf, self._nbuf, self._win[0], self._win[1], self._rot, self._values_rotated)
-        kernels = self.ctx.state.kernels
-        return PackedStep(
-            kv,
-            self._kv_lens,
-            self._win_len,
-            kernels.backend if kernels else None,
-            kernels.wide_decode if kernels else True,
-        )
+        return _step(kv, self._kv_lens, self._win_len, self.ctx.state.kernels)
 
     def graph_ready(self) -> bool:
         return max(self._n) + self.config.residual_length <= self._kbuf.num_tokens
@@ -298,3 +289,10 @@ class OScaRRows(OScaRStepLayer):
 
     def _dense(self):
         raise NotImplementedError("a padded batch's stacked layer decodes on the kernels only (quant/engine/rows.py)")
+
+
+def _step(kv, kv_lens, res_lens, kernels) -> PackedStep:
+    """The packed step handed to the attention function, with the run's kernel choices (None: the defaults)."""
+    if kernels is None:
+        return PackedStep(kv, kv_lens, res_lens)
+    return PackedStep(kv, kv_lens, res_lens, kernels.backend, kernels.wide_decode, kernels.batch_invariant)

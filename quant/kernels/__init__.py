@@ -27,19 +27,27 @@ def _module(backend: str, kind: str):
     return importlib.import_module(name)
 
 
+# Tokens of every split in the batch-invariant mode: the split-KV plan then depends on no other row (a row of n tokens
+# has ceil(n / this) splits whatever the batch; the launch's other splits are empty for it and merge as exact zeros).
+INVARIANT_SPLIT_TOKENS = 1024
+
+
 def decode_attention(query, kv, scaling: float, backend: str | None = None, **options):
     """Attention of query [B, Hq, Lq, D] over a quant.packed.PackedKV -> [B, Hq, Lq, D] (query dtype).
 
     options: kv_lens, res_lens (valid tokens per sequence), split_tokens (split-KV size), wide (the CUDA backend may
-    take its 8-warp build for few-row steps).
+    take its 8-warp build for few-row steps), invariant (KernelOptions.batch_invariant: a row's arithmetic the same
+    whatever the other rows of the batch: INVARIANT_SPLIT_TOKENS a split).
     """
     backend = backend or default_backend(query.device)
     wide = options.pop("wide", True)  # the CUDA build choice (KernelOptions.wide_decode); other backends have one
+    invariant = options.pop("invariant", False)  # KernelOptions.batch_invariant: each row's plan its own
     if backend == "torch":
         from quant.attention import packed_attention_reference
 
         kv_lens, res_lens = options.get("kv_lens"), options.get("res_lens")
-        if query.shape[0] > 1 and (_differ(kv_lens) or _differ(res_lens)):  # sequences of different lengths: one by one
+        # sequences of different lengths, or any batch in the batch-invariant mode: one by one
+        if query.shape[0] > 1 and (invariant or _differ(kv_lens) or _differ(res_lens)):
             return torch.cat(
                 [
                     decode_attention(
@@ -55,7 +63,9 @@ def decode_attention(query, kv, scaling: float, backend: str | None = None, **op
             )
         return packed_attention_reference(query, valid_part(kv, kv_lens, res_lens), scaling)
     if backend == "cuda":
-        options["wide"] = wide
+        options.update(wide=wide, invariant=invariant)
+    elif invariant:  # Triton: one split size for every row and batch (its plan otherwise sizes splits by the grid)
+        options.setdefault("split_tokens", INVARIANT_SPLIT_TOKENS)
     return _module(backend, "decode").decode_attention(query, kv, scaling, **options)
 
 
@@ -165,7 +175,7 @@ def patch_model(model, options: KernelOptions | None, traits):
     cuda_launch = options.layer_kernels == "cuda"
     if options.fused_rope:
         triton_rope.fuse_rotary(model, traits, cuda_launch, patches)
-    if options.fused_linear:
+    if options.fused_linear and not options.batch_invariant:  # the GEMV sums otherwise than the mode's blocked GEMM
         fused_linear.fuse_linears(model, traits, patches)
     if options.fused_norm:
         triton_norm.fuse_rms_norms(model, traits, cuda_launch, patches)

@@ -353,6 +353,7 @@ def decode_attention(
     merge_group: int | None = None,
     warps: int | None = None,
     wide: bool = True,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """OScaR decode attention with the CUDA kernels. query [B, Hq, Lq, D] -> [B, Hq, Lq, D] (query dtype).
 
@@ -367,6 +368,9 @@ def decode_attention(
     receives per-CTA %globaltimer stamps (benchmarks/sweep_splits.py).
     order: which CTAs the block scheduler starts first (`cta_order`; default: the planner's). merge_group: 0 merges the
     splits in one level, G > 0 in two (groups of G splits first; needs window_cta); default `merge_plan`'s choice.
+    invariant (the batch-invariant mode): a plan that depends on no other row: the NARROW build, splits of
+    INVARIANT_SPLIT_TOKENS (a row's splits past its length are empty and merge as exact zeros), the window in its own
+    CTA and a one-level merge, whose accumulators take the splits in the same order whatever their count.
     """
     if kv.hadamard is not None and not _is_sylvester(kv.hadamard):
         raise ValueError(
@@ -380,6 +384,12 @@ def decode_attention(
             "tensor-core tile: use backend='triton' or fewer speculative tokens"
         )
     rows = x.batch * x.kv_heads
+    if invariant:  # one plan for any batch: NARROW, fixed splits, the window's own CTA, a one-level merge
+        from quant.kernels import INVARIANT_SPLIT_TOKENS
+
+        min_blocks, warps = NARROW
+        split_tokens = split_tokens or INVARIANT_SPLIT_TOKENS
+        window_cta, merge_group, order = True, 0, ORDER_ROWS
     min_blocks, warps = specialization(x.tokens, rows, num_sms(query.device), min_blocks, warps, x.group * x.lq, wide)
     if split_tokens is None:
         if waves is not None:

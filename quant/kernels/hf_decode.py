@@ -26,6 +26,7 @@ class PackedStep:
     res_lens: torch.Tensor
     backend: str | None = None  # None: quant.kernels.default_backend
     wide: bool = True  # the run's KernelOptions.wide_decode
+    invariant: bool = False  # the run's KernelOptions.batch_invariant: a split plan per row (quant.kernels.cuda)
 
 
 @dataclass
@@ -36,11 +37,17 @@ class DenseStep:
     k: torch.Tensor
     v: torch.Tensor
     lengths: torch.Tensor
+    invariant: bool = False  # the run's KernelOptions.batch_invariant (quant.kernels.triton_dense)
 
 
 def dense_step_attention(query, step: DenseStep, scaling: float) -> torch.Tensor:
     """SDPA of query [B, Hq, Lq, D] over a DenseStep's buffers, tokens at or past each sequence's length masked
-    (Lq = 1: every valid token is in the past). Returns [B, Hq, Lq, D]."""
+    (Lq = 1: every valid token is in the past). Returns [B, Hq, Lq, D]. In the batch-invariant mode, the Triton
+    kernel that sums each sequence in splits of its own (quant.kernels.triton_dense)."""
+    if step.invariant:
+        from quant.kernels.triton_dense import dense_decode
+
+        return dense_decode(query, step.k, step.v, step.lengths, scaling)
     pos = torch.arange(step.k.shape[-2], device=query.device)
     mask = (pos[None, :] < step.lengths[:, None])[:, None, None, :]
     return torch.nn.functional.scaled_dot_product_attention(
@@ -60,7 +67,14 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     if isinstance(key, PackedStep):
         out = decode_attention(
-            query, key.kv, scaling, backend=key.backend, wide=key.wide, kv_lens=key.kv_lens, res_lens=key.res_lens
+            query,
+            key.kv,
+            scaling,
+            backend=key.backend,
+            wide=key.wide,
+            invariant=key.invariant,
+            kv_lens=key.kv_lens,
+            res_lens=key.res_lens,
         )
         return out.transpose(1, 2).contiguous(), None
     if isinstance(key, PackedKV):

@@ -33,6 +33,7 @@ ENV = {
     "OSCAR_FUSED_LINEAR": "fused_linear",
     "OSCAR_LAYER_KERNELS": "layer_kernels",
     "OSCAR_WIDE_DECODE": "wide_decode",
+    "OSCAR_BATCH_INVARIANT": "batch_invariant",
 }
 _TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 
@@ -44,7 +45,10 @@ class KernelOptions:
     fused_rope, fused_linear: a GPU model's RMSNorms, RoPE and decode-sized linear layers run on the project's
     kernels; layer_kernels: those norms and RoPE launch the CUDA ("cuda") or the Triton ("triton") kernels (the
     same formula; the C++ launch costs microseconds less); wide_decode: few-row decode steps may take the 8-warp
-    CUDA build (`quant.kernels.cuda.wide_plan`)."""
+    CUDA build (`quant.kernels.cuda.wide_plan`); batch_invariant: each sequence's tokens and logits are those of
+    the same prompt alone, at any batch size (quant/invariant.py: prompts prefilled one by one, decode-step GEMMs in
+    fixed row blocks, attention and the decode kernels' split plans per row); None ("auto"): where it costs little,
+    `quant.invariant.on_by_default`, decided by the runner and recorded as decided."""
 
     backend: str | None = None
     cuda_graphs: bool = True
@@ -53,6 +57,7 @@ class KernelOptions:
     fused_linear: bool = True
     layer_kernels: str = "cuda"
     wide_decode: bool = True
+    batch_invariant: bool | None = None
 
     def __post_init__(self):
         if self.backend is not None and self.backend not in BACKENDS:
@@ -62,8 +67,9 @@ class KernelOptions:
                 f"kernel option layer_kernels={self.layer_kernels!r}: choose one of {', '.join(LAYER_KERNELS)}"
             )
         for f in dataclasses.fields(self):
-            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
-                raise ValueError(f"kernel option {f.name} must be true or false, got {getattr(self, f.name)!r}")
+            value = getattr(self, f.name)
+            if f.type.startswith("bool") and not (isinstance(value, bool) or (value is None and "None" in f.type)):
+                raise ValueError(f"kernel option {f.name} must be true or false, got {value!r}")
 
     def replace(self, **changes) -> "KernelOptions":
         return dataclasses.replace(self, **changes)
@@ -108,11 +114,13 @@ def _typed(changes: dict[str, str], where: str) -> dict[str, Any]:
     for name, value in changes.items():
         if name not in types:
             raise ValueError(f"unknown kernel option {name!r} ({where}); names: {', '.join(_names())}")
-        if types[name] == "bool":
+        if types[name].startswith("bool"):
             low = value.lower()
-            if low not in _TRUE + _FALSE:
-                raise ValueError(f"kernel option {name}={value!r} ({where}): use on/off (1/0, true/false)")
-            out[name] = low in _TRUE
+            auto = "None" in types[name] and low == "auto"
+            if low not in _TRUE + _FALSE and not auto:
+                choices = "on/off (1/0, true/false)" + (" or auto" if "None" in types[name] else "")
+                raise ValueError(f"kernel option {name}={value!r} ({where}): use {choices}")
+            out[name] = None if auto else low in _TRUE
         else:
             out[name] = None if value.lower() in ("", "auto", "none") and name == "backend" else value
     return out

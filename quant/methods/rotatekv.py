@@ -241,7 +241,9 @@ class RotateKVLayer(QuantLayer):
     def _append(self, k, v):
         c, t = self.config, k.shape[-2]
         sinks = self.ctx.shared.get("sinks", {}).get(self.ctx.layer_idx)
-        if sinks is not None and self.ctx.row is not None:  # one sequence of a padded batch (quant/rows.py)
+        # one sequence of a padded batch (quant/rows.py), unless that sequence's prompt went through alone (the
+        # batch-invariant prefill): then the forward's sinks are its own
+        if sinks is not None and self.ctx.row is not None and sinks.shape[0] > 1:
             sinks = sinks[self.ctx.row : self.ctx.row + 1]
         if sinks is not None and t > 1 and self.seen == 0:  # the prefill's sinks (a later chunk's are not RotateKV's)
             self._keep_sinks(k, v, sinks)

@@ -189,6 +189,25 @@ def test_runs_on_other_processors_are_flagged(tmp_path, capsys):
     assert "ran on different processors (AMD EPYC x2 vs Intel(R) Xeon(R) Processor x2)" in capsys.readouterr().out
 
 
+def test_batch_sizes_outside_the_invariant_mode_are_flagged_loudly(tmp_path, capsys):
+    ra, rb = make_result("oscar", A_SCORES, CATS), make_result("oscar", A_SCORES, CATS)
+    ra["system"]["batch_size"], rb["system"]["batch_size"] = 1, 16
+    a, b = write(tmp_path, "a", ra), write(tmp_path, "b", rb)
+    assert cli(["compare", a, b]) == 0  # a warning, not a failure
+    assert "BATCH SIZES DIFFER (1 vs 16) outside the batch-invariant mode" in capsys.readouterr().out
+    for r in (ra, rb):  # both invariant: the batch size cannot move an answer
+        r["environment"]["kernels"] = {"batch_invariant": True}
+    a, b = write(tmp_path, "a1", ra), write(tmp_path, "b1", rb)
+    assert cli(["compare", a, b]) == 0
+    assert "BATCH SIZES" not in capsys.readouterr().out
+    rb["environment"].update(kernels={"batch_invariant": False}, gpu="NVIDIA H200")  # one invariant, one not
+    a, b = write(tmp_path, "a2", ra), write(tmp_path, "b2", rb)
+    assert cli(["compare", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "one run is batch-invariant and the other is not (kernels batch_invariant True vs False)" in out
+    assert "model-level kernels" not in out
+
+
 def test_a_method_name_finds_its_partial_run(tmp_path, monkeypatch, capsys):
     """A run over the first N items (<method>.first<N>.json) is found by its method name when it is the only one."""
     monkeypatch.chdir(tmp_path)

@@ -149,6 +149,7 @@ def test_environment_records_the_kernel_options():
             "fused_linear": False,
             "layer_kernels": "cuda",
             "wide_decode": False,
+            "batch_invariant": None,  # decided per model by the runner (quant.invariant.on_by_default)
         }
     )
     assert environment()["kernels"] == KernelOptions().to_dict()

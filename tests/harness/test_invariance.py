@@ -1,0 +1,119 @@
+"""The batch-invariant mode (KernelOptions.batch_invariant, quant/invariant.py): each prompt's generated tokens and
+every step's logits are bit for bit those of the prompt alone, whatever else shares its batch, for every method and
+each multimodal family (the Qwen3-Omni thinker's MoE included); outside the mode they are not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import quant
+from harness.models import tiny, traits_of
+from harness.runner import Runner
+from quant.invariant import BLOCK, blocked_linear, key_span
+from quant.kernels.options import KernelOptions
+from tasks.contract import Generate
+from tests.harness.test_batching import prompts_for
+
+PAPER = ["bf16", "kivi", "quarot", "rotatekv", "ott", "turboquant", "oscar"]
+NEW_TOKENS = 4
+
+
+def generate(adapter, prompts, method, kernels):
+    """(responses, per-step logits [B, V] of generate's steps) of one batch."""
+    steps = []
+
+    def keep(module, args, output):
+        steps.append(output.logits[:, -1].clone())
+
+    hook = adapter.generator.register_forward_hook(keep)
+    try:
+        with Runner(adapter, quant.get_method(method), kernels, traits_of(adapter.spec.name)) as runner:
+            responses = runner.run([Generate(p, NEW_TOKENS) for p in prompts])
+    finally:
+        hook.remove()
+    return responses, steps[-NEW_TOKENS:]  # the invariant prefill's own forwards come first
+
+
+def assert_rows_are_alone(adapter, prompts, method, kernels):
+    batched, steps = generate(adapter, prompts, method, kernels)
+    for b, prompt in enumerate(prompts):
+        [alone], alone_steps = generate(adapter, [prompt], method, kernels)
+        assert alone.error is None and batched[b].error is None
+        assert batched[b].tokens_sha1 == alone.tokens_sha1
+        for step, alone_step in zip(steps, alone_steps):
+            assert torch.equal(step[b : b + 1], alone_step), f"{method}: row {b}'s logits moved with the batch"
+    return batched
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen3_vl", "qwen3_omni"])
+def test_every_method_gives_each_row_its_logits_alone(family):
+    adapter = tiny(family)
+    prompts = prompts_for(adapter)
+    for method in PAPER:
+        assert_rows_are_alone(adapter, prompts, method, KernelOptions(batch_invariant=True))
+
+
+def test_without_the_mode_logits_move_with_the_batch():
+    """The reason for the mode: the padded batch's prefill and the decode GEMMs of another M round otherwise."""
+    adapter = tiny("qwen3_vl")
+    prompts = prompts_for(adapter)
+    _, steps = generate(adapter, prompts, "bf16", KernelOptions())
+    _, alone = generate(adapter, prompts[1:2], "bf16", KernelOptions())
+    assert not all(torch.equal(s[1:2], a) for s, a in zip(steps, alone))
+
+
+@pytest.mark.parametrize("method", ["oscar", "bf16"])
+def test_kernel_path_rows_are_alone(method):
+    """On the Triton kernel path (interpreted on the CPU): OScaR's decode kernel with the per-row split plan, BF16's
+    steps; the rows stack into one layer and still get their logits alone."""
+    adapter = tiny("llava")
+    batched = assert_rows_are_alone(
+        adapter, prompts_for(adapter), method, KernelOptions(backend="triton", batch_invariant=True)
+    )
+    if method == "oscar":
+        assert all(r.cost["kernel_steps"] > 0 for r in batched)
+
+
+def test_blocked_linear_rows_do_not_depend_on_the_batch():
+    g = torch.Generator().manual_seed(0)
+    w, bias = torch.randn(96, 80, generator=g), torch.randn(96, generator=g)
+    x = torch.randn(2 * BLOCK + 3, 1, 80, generator=g)
+    full = blocked_linear(x, w, bias)
+    assert full.shape == (2 * BLOCK + 3, 1, 96)
+    for n in (1, 4, BLOCK, BLOCK + 1):
+        assert torch.equal(blocked_linear(x[:n], w, bias), full[:n])
+    ref = x.double() @ w.double().T + bias.double()
+    assert torch.allclose(full.double(), ref, atol=1e-4)
+
+
+def test_key_span_reads_left_padding_windows_and_refuses_holes():
+    keys = 10
+    mask = torch.zeros(3, 1, 1, keys, dtype=torch.bool)
+    mask[0, ..., 4:] = True  # left padding
+    mask[1, ..., :] = True
+    mask[2, ..., 2:6] = True  # a window ending before the last key
+    assert [key_span(mask, b, keys) for b in range(3)] == [(4, 10), (0, 10), (2, 6)]
+    additive = torch.where(mask, 0.0, float("-inf"))
+    assert [key_span(additive, b, keys) for b in range(3)] == [(4, 10), (0, 10), (2, 6)]
+    mask[1, ..., 5] = False
+    with pytest.raises(ValueError, match="contiguous"):
+        key_span(mask, 1, keys)
+
+
+def test_the_mode_is_a_recorded_kernel_option():
+    opts = KernelOptions.parse("batch_invariant=on")
+    assert opts.batch_invariant and opts.to_dict()["batch_invariant"] is True
+    assert KernelOptions.from_env({"OSCAR_BATCH_INVARIANT": "1"}).batch_invariant
+    with pytest.raises(ValueError, match="batch_invariant"):
+        KernelOptions.parse("batch_invariant=maybe")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["oscar", "bf16"])
+def test_gpu_kernel_path_logits_at_batch_1_and_8(method):
+    """On a GPU (CUDA kernels, CUDA graphs, the layer kernels): a batch of 8 prompts of different lengths gives each
+    its batch-1 logits bit for bit."""
+    adapter = tiny("qwen3_vl", device="cuda", dtype="bfloat16")
+    prompts = (prompts_for(adapter) * 3)[:8]
+    assert_rows_are_alone(adapter, prompts, method, KernelOptions(batch_invariant=True))
