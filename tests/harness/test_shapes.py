@@ -18,6 +18,7 @@ from harness.models.qwen3_vl.adapter import Qwen3VLAdapter
 from harness.models.shapes import SHAPES
 from harness.models.synthetic import build_model, build_processor, count_parameters, load_random
 from harness.models.text.gguf_parts import PACKAGED
+from harness.models.whisper.convert import PACKAGED as PACKAGED_SPEECH
 from tasks.contract import Prompt
 
 REAL = [
@@ -40,8 +41,10 @@ def rounded_like(value: float, published: float) -> bool:
 
 
 def test_every_registered_real_model_has_a_shape():
-    # the models whose real weights install offline (gguf_parts) load them: no random-weight shape needed
-    real = sorted(n for n, s in MODELS.items() if not s.hub_id.startswith("random:") and n not in PACKAGED)
+    # the models whose real weights install offline (gguf_parts, Whisper's CTranslate2 parts) load them: no
+    # random-weight shape needed
+    offline = set(PACKAGED) | set(PACKAGED_SPEECH)
+    real = sorted(n for n, s in MODELS.items() if not s.hub_id.startswith("random:") and n not in offline)
     assert real == sorted(REAL) == sorted(SHAPES)
     for name in REAL:
         assert SHAPES[name]["hub_id"] == MODELS[name].hub_id

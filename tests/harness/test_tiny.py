@@ -45,6 +45,7 @@ def test_registry_names_and_errors():
         "tiny-llava",
         "tiny-qwen3-vl",
         "tiny-qwen3-omni",
+        "tiny-whisper",
     }
     assert load_adapter("tiny-qwen3-omni").spec.family == "qwen3_omni"
     with pytest.raises(KeyError, match="no tiny model 'gpt2'; choose one of tiny-llava"):
