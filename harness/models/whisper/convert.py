@@ -248,6 +248,13 @@ def _ffn(out: dict, ours: str, theirs: str, variables: dict) -> None:
     _linear(out, f"{ours}.fc2", f"{theirs}/ffn/linear_1", variables)
 
 
+def _self_attention(out: dict, ours: str, theirs: str, variables: dict) -> None:
+    """A layer's self-attention (encoder or decoder: the same layout): its norm, the fused q/k/v split, out_proj."""
+    _norm(out, f"{ours}.self_attn_layer_norm", f"{theirs}/self_attention/layer_norm", variables)
+    _split(out, f"{ours}.self_attn", ("q_proj", "k_proj", "v_proj"), f"{theirs}/self_attention/linear_0", variables)
+    _linear(out, f"{ours}.self_attn.out_proj", f"{theirs}/self_attention/linear_1", variables)
+
+
 def state_dict(variables: dict, config) -> dict[str, torch.Tensor]:
     """transformers' WhisperForConditionalGeneration state dict (proj_out.weight left out: it is tied to the token
     embedding) from a CTranslate2 Whisper's variables; every weight variable is used."""
@@ -259,18 +266,14 @@ def state_dict(variables: dict, config) -> dict[str, torch.Tensor]:
     out[f"{enc}.embed_positions.weight"] = variables["encoder/position_encodings/encodings"]
     for i in range(config.encoder_layers):
         ours, theirs = f"{enc}.layers.{i}", f"encoder/layer_{i}"
-        _norm(out, f"{ours}.self_attn_layer_norm", f"{theirs}/self_attention/layer_norm", variables)
-        _split(out, f"{ours}.self_attn", ("q_proj", "k_proj", "v_proj"), f"{theirs}/self_attention/linear_0", variables)
-        _linear(out, f"{ours}.self_attn.out_proj", f"{theirs}/self_attention/linear_1", variables)
+        _self_attention(out, ours, theirs, variables)
         _ffn(out, ours, theirs, variables)
     _norm(out, f"{enc}.layer_norm", "encoder/layer_norm", variables)
     out[f"{dec}.embed_tokens.weight"] = variables["decoder/embeddings/weight"]
     out[f"{dec}.embed_positions.weight"] = variables["decoder/position_encodings/encodings"]
     for i in range(config.decoder_layers):
         ours, theirs = f"{dec}.layers.{i}", f"decoder/layer_{i}"
-        _norm(out, f"{ours}.self_attn_layer_norm", f"{theirs}/self_attention/layer_norm", variables)
-        _split(out, f"{ours}.self_attn", ("q_proj", "k_proj", "v_proj"), f"{theirs}/self_attention/linear_0", variables)
-        _linear(out, f"{ours}.self_attn.out_proj", f"{theirs}/self_attention/linear_1", variables)
+        _self_attention(out, ours, theirs, variables)
         _norm(out, f"{ours}.encoder_attn_layer_norm", f"{theirs}/attention/layer_norm", variables)
         _linear(out, f"{ours}.encoder_attn.q_proj", f"{theirs}/attention/linear_0", variables)
         _split(out, f"{ours}.encoder_attn", ("k_proj", "v_proj"), f"{theirs}/attention/linear_1", variables)
