@@ -202,6 +202,13 @@ def test_cache_holds_self_and_cross_attention_tagged(tiny, clip):
         kv = cache.nbytes()
         assert kv["per_modality"]["audio"] > 10 * kv["per_modality"]["text"]
         assert kv["total"] == kv["self_attention"]["total"] + kv["cross_attention"]["total"]
+        # the dequantized cross-attention state is kept while unchanged, and decoded again after any write
+        layer = cache.cross_attention_cache.layers[0]
+        k = layer.keys
+        assert layer.keys is k and layer.values is layer.values
+        layer.layer.k_res = layer.layer.k_res * 2
+        assert layer.keys is not k
+        assert torch.equal(layer.keys, torch.cat([layer.layer.dequantized()[0], layer.layer.k_res], -2))
 
 
 def test_every_method_generates_and_bf16_equals_the_models_own_cache(tiny, clip):

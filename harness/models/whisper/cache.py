@@ -4,8 +4,11 @@ project's QuantizedKVCache, in transformers' EncoderDecoderCache.
 The cross-attention cache is written once, at the first decoder forward (the encoder's frames, projected by each
 layer's k_proj / v_proj), and read at every later step. WhisperAttention reads it back from the layer's `keys` and
 `values` attributes (transformers 5.x), not through `update`; `ReadBack` gives a quantized layer those attributes: the
-layer's stored state, dequantized on each read, which is what a decode step of `update` returns for a self-attention
-layer. The first forward (the decoder prompt) attends over the exact K/V, as every prompt does with this project's
+layer's stored state dequantized, which is what a decode step of `update` returns for a self-attention layer. The
+dequantized copy is kept while the stored state is unchanged (the same tensors at the same version counters), so a
+decode step does not decode the encoder's frames again: the same numbers, without the per-step cost that made the
+reference (torch) path several times slower than BF16 on a CPU. The copy is working memory of the reference path:
+the cache's reported bytes (`nbytes`) are the stored codes, scales and window, what a kernel path holds. The first forward (the decoder prompt) attends over the exact K/V, as every prompt does with this project's
 caches (quant.methods.base.QuantLayer.update).
 """
 
@@ -13,9 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers.cache_utils import CacheLayerMixin, EncoderDecoderCache
 
 from quant.cache import MODALITIES, QuantizedKVCache
+
+
+def _version(t: torch.Tensor) -> int | None:
+    return None if t.is_inference() else t._version
 
 
 class ReadBack(CacheLayerMixin):
@@ -26,7 +34,7 @@ class ReadBack(CacheLayerMixin):
 
     def __init__(self, layer: CacheLayerMixin):
         object.__setattr__(self, "layer", layer)
-        object.__setattr__(self, "_values", None)
+        object.__setattr__(self, "_memo", None)  # (fingerprint of the stored state, dense keys, dense values)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.layer, name)
@@ -34,23 +42,42 @@ class ReadBack(CacheLayerMixin):
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.layer, name, value)
 
+    def _state(self) -> list:
+        tensors = []
+        for name in self.layer._state_names():
+            value = getattr(self.layer, name)
+            tensors += [value.codes, value.scale, value.zero] if hasattr(value, "codes") else [value]
+        return tensors
+
+    def _dense(self):
+        """The dequantized keys and values, kept while every stored tensor is the same object at the same in-place
+        version (inference tensors keep none: the layer API below, through which the cache writes, drops the copy):
+        a new tensor or an in-place write decodes again. The memo holds the tensors it compares, so an identity
+        cannot be reused by a new tensor meanwhile."""
+        state = self._state()
+        memo = self._memo
+        if memo is None or len(memo[0]) != len(state) or any(
+            t is not s or _version(t) != v for (s, v), t in zip(memo[0], state)
+        ):
+            memo = ([(t, _version(t)) for t in state], *self.layer._dense())
+            object.__setattr__(self, "_memo", memo)
+        return memo[1], memo[2]
+
     @property
     def keys(self):
-        k, v = self.layer._dense()
-        object.__setattr__(self, "_values", v)
-        return k
+        return self._dense()[0]
 
     @property
     def values(self):
-        v = self._values
-        object.__setattr__(self, "_values", None)
-        return v if v is not None else self.layer._dense()[1]
+        return self._dense()[1]
 
     # the layer API, each call the wrapped layer's
     def lazy_initialization(self, key_states, value_states):
+        object.__setattr__(self, "_memo", None)
         return self.layer.lazy_initialization(key_states, value_states)
 
     def update(self, key_states, value_states, *args, **kwargs):
+        object.__setattr__(self, "_memo", None)
         return self.layer.update(key_states, value_states, *args, **kwargs)
 
     def get_mask_sizes(self, query_length):
@@ -63,15 +90,19 @@ class ReadBack(CacheLayerMixin):
         return self.layer.get_max_length()
 
     def reset(self):
+        object.__setattr__(self, "_memo", None)
         return self.layer.reset()
 
     def reorder_cache(self, beam_idx):
+        object.__setattr__(self, "_memo", None)
         return self.layer.reorder_cache(beam_idx)
 
     def offload(self):
+        object.__setattr__(self, "_memo", None)
         return self.layer.offload()
 
     def prefetch(self):
+        object.__setattr__(self, "_memo", None)
         return self.layer.prefetch()
 
 
