@@ -229,10 +229,10 @@ def test_against_the_reference_of_the_same_gpu(tmp_path, capsys):
     new = write(tmp_path / "new.json", bc.load(REFERENCE))
     assert cli(["bench-check", new, "--against", "reference", "--reference-dir", str(REFERENCE.parent)]) == 0
     assert f"against {REFERENCE.parent}/h100.json" in capsys.readouterr().out
-    h200 = write(tmp_path / "h200.json", bench_file("NVIDIA H200"))
-    assert cli(["bench-check", h200, "--against", "reference", "--reference-dir", str(REFERENCE.parent)]) == 2
+    b200 = write(tmp_path / "b200.json", bench_file("NVIDIA B200"))
+    assert cli(["bench-check", b200, "--against", "reference", "--reference-dir", str(REFERENCE.parent)]) == 2
     out = capsys.readouterr().out
-    assert "no reference for NVIDIA H200" in out and "(there: h100.json" in out
+    assert "no reference for NVIDIA B200" in out and "h100.json" in out and "h200.json" in out
 
 
 def test_bad_inputs(tmp_path, capsys):

@@ -8,8 +8,9 @@ layer's stored state dequantized, which is what a decode step of `update` return
 dequantized copy is kept while the stored state is unchanged (the same tensors at the same version counters), so a
 decode step does not decode the encoder's frames again: the same numbers, without the per-step cost that made the
 reference (torch) path several times slower than BF16 on a CPU. The copy is working memory of the reference path:
-the cache's reported bytes (`nbytes`) are the stored codes, scales and window, what a kernel path holds. The first forward (the decoder prompt) attends over the exact K/V, as every prompt does with this project's
-caches (quant.methods.base.QuantLayer.update).
+the cache's reported bytes (`nbytes`) are the stored codes, scales and window, what a kernel path holds. The first
+forward (the decoder prompt) attends over the exact K/V, as every prompt does with this project's caches
+(quant.methods.base.QuantLayer.update).
 """
 
 from __future__ import annotations
