@@ -7,9 +7,11 @@ A decode step of B sequences runs each layer once for all B rows, and two parts 
   softmax and value sums run over another length (and blocking) than alone.
 
 `BatchInvariant` is a torch function mode, active over the decode steps of one generate (harness/runner.py), in
-which every `linear` (the projections, the MLPs and MoE experts, the router, the LM head) multiplies in blocks of
-BLOCK rows, the last block padded with zeros, so each row goes through the same kernel at the same M whatever the
-batch (a GEMM's row depends only on its own input row and the weights). `rowwise` wraps the text attention
+which every `linear` (the projections, the MLPs, the MoE router, the LM head) multiplies in blocks of BLOCK rows,
+the last block padded with zeros, so each row goes through the same kernel at the same M whatever the batch (a
+GEMM's row depends only on its own input row and the weights). MoE experts (quant.prepare): on the kernel path the
+project's Triton experts (quant.kernels.triton_moe: fixed row blocks per expert, no host sync), on the torch path
+transformers' eager loop, whose `linear` calls the mode blocks. `rowwise` wraps the text attention
 (quant.prepare_model switches to it in this mode): a one-query step runs row by row over the span of keys each row's
 mask lets it see, without a mask, which is the call a batch of one makes. Everything else a decode step does is per
 row already: norms and softmaxes reduce within a row, RoPE and activations are elementwise, and the greedy choice is
@@ -132,8 +134,8 @@ class BatchInvariant(TorchFunctionMode):
 def on_by_default(model) -> bool:
     """Whether the mode is on when the run does not say (KernelOptions.batch_invariant None): for a dense model on a
     GPU, where it costs a few percent of batch-16 items/s or gains some (docs/PERFORMANCE.md, Batch-invariant
-    decoding). Not for MoE models, whose experts run transformers' eager loop in the mode (host syncs, no CUDA
-    graphs: several times slower), nor on CPUs, where runs are batch 1 unless told and the mode's GEMMs of 16 rows
+    decoding). Not for MoE models, which take it when asked (on a GPU their experts then run the Triton experts,
+    quant.kernels.triton_moe), nor on CPUs, where runs are batch 1 unless told and the mode's GEMMs of 16 rows
     cost most against a one-row product. Nor for encoder-decoders (Whisper), whose prompts the runner does not prefill
     row by row."""
     from quant.cache import text_config

@@ -124,7 +124,7 @@ def prepare_model(
         if kernels.batch_invariant:  # the text attention row by row at masked decode steps (quant/invariant.py)
             before = _switch_attention(model, invariant.register(text_config(model)._attn_implementation))
             prepared._attn = prepared._attn or before
-            prepared._experts = _eager_experts(model)
+            prepared._experts = _invariant_experts(model, kernels)
         from quant.kernels import patch_model
 
         prepared._patches = patch_model(model, kernels, traits)
@@ -154,15 +154,25 @@ def _configs(model: nn.Module) -> list:
     return list(seen.values())
 
 
-def _eager_experts(model: nn.Module) -> list[tuple[Any, Any]]:
-    """MoE experts (the Qwen3-Omni thinker's) on transformers' eager loop for the batch-invariant mode: one expert at
-    a time over its tokens with `linear`, which the mode multiplies in fixed row blocks; the grouped GEMM sizes its
-    tiles by how many tokens each expert got from the whole batch. Returns what to restore."""
-    before = []
-    for config in _configs(model):
-        if getattr(config, "_experts_implementation_internal", None) not in (None, "eager"):
-            before.append((config, config._experts_implementation_internal))
-            config._experts_implementation_internal = "eager"
+def _invariant_experts(model: nn.Module, kernels: KernelOptions) -> list[tuple[Any, Any]]:
+    """MoE experts (the Qwen3-Omni thinker's) for the batch-invariant mode. transformers' grouped GEMM sizes its
+    tiles by how many tokens each expert got from the whole batch, so: on the kernel path the project's Triton experts
+    (quant.kernels.triton_moe: pairs sorted by expert on the device, fixed row blocks, no host sync, so CUDA graphs
+    capture them) where they compute the model's experts; else transformers' eager loop, one expert at a time over its
+    tokens with `linear`, which the mode multiplies in fixed row blocks. Returns what to restore."""
+    configs = [c for c in _configs(model) if getattr(c, "_experts_implementation_internal", None) not in (None, "eager")]
+    if not configs:
+        return []
+    name = "eager"
+    if kernels.backend_for(next(model.parameters()).device) != "torch":
+        from quant.kernels import triton_moe
+
+        experts = [m for m in model.modules() if getattr(m, "gate_up_proj", None) is not None and hasattr(m, "has_gate")]
+        if experts and all(triton_moe.supports(m) for m in experts):
+            name = triton_moe.register()
+    before = [(config, config._experts_implementation_internal) for config in configs]
+    for config in configs:
+        config._experts_implementation_internal = name
     return before
 
 

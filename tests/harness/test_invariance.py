@@ -63,11 +63,14 @@ def test_without_the_mode_logits_move_with_the_batch():
     assert not all(torch.equal(s[1:2], a) for s, a in zip(steps, alone))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter runs on CPU-only machines; a GPU runs the test below")
+@pytest.mark.parametrize("family", ["llava", "qwen3_omni"])
 @pytest.mark.parametrize("method", ["oscar", "bf16"])
-def test_kernel_path_rows_are_alone(method):
+def test_kernel_path_rows_are_alone(method, family):
     """On the Triton kernel path (interpreted on the CPU): OScaR's decode kernel with the per-row split plan, BF16's
-    steps; the rows stack into one layer and still get their logits alone."""
-    adapter = tiny("llava")
+    steps, the thinker's MoE on the Triton experts (quant.kernels.triton_moe); the rows stack into one layer and still
+    get their logits alone."""
+    adapter = tiny(family)
     batched = assert_rows_are_alone(
         adapter, prompts_for(adapter), method, KernelOptions(backend="triton", batch_invariant=True)
     )
@@ -110,10 +113,11 @@ def test_the_mode_is_a_recorded_kernel_option():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_omni"])
 @pytest.mark.parametrize("method", ["oscar", "bf16"])
-def test_gpu_kernel_path_logits_at_batch_1_and_8(method):
-    """On a GPU (CUDA kernels, CUDA graphs, the layer kernels): a batch of 8 prompts of different lengths gives each
-    its batch-1 logits bit for bit."""
-    adapter = tiny("qwen3_vl", device="cuda", dtype="bfloat16")
+def test_gpu_kernel_path_logits_at_batch_1_and_8(method, family):
+    """On a GPU (CUDA kernels, CUDA graphs, the layer kernels, the Triton MoE experts): a batch of 8 prompts of
+    different lengths gives each its batch-1 logits bit for bit."""
+    adapter = tiny(family, device="cuda", dtype="bfloat16")
     prompts = (prompts_for(adapter) * 3)[:8]
     assert_rows_are_alone(adapter, prompts, method, KernelOptions(batch_invariant=True))
