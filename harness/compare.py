@@ -270,8 +270,12 @@ def _paired_samples(a, b) -> tuple[list[dict], list[dict]]:
     return [ia[i] for i in ids], [ib[i] for i in ids]
 
 
-def metric_statistic(task_name: str, metric: str, warnings: list[str]) -> Callable[[list], float | None]:
-    """The task's own aggregate restricted to one metric; a per-item mean if the task cannot be imported."""
+def metric_statistic(
+    task_name: str, metric: str, warnings: list[str], shared: dict | None = None
+) -> Callable[[list], float | None]:
+    """The task's own aggregate restricted to one metric; a per-item mean if the task cannot be imported. `shared`:
+    a dict that statistics of several metrics over the same records share, so that a list of records (a bootstrap
+    draw) is aggregated once for all of them."""
     try:
         import tasks
 
@@ -279,7 +283,29 @@ def metric_statistic(task_name: str, metric: str, warnings: list[str]) -> Callab
     except (KeyError, ImportError) as err:
         warnings.append(f"task {task_name!r} not importable ({err}); using the mean of per-item scores[{metric!r}]")
         return lambda rs: _mean_score(rs, metric)
-    return lambda rs: R.number(task.aggregate(rs)["metrics"].get(metric)) if rs else None
+
+    def aggregate(rs):
+        if shared is None:
+            return task.aggregate(rs)["metrics"]
+        key = tuple(map(id, rs))
+        if key not in shared:
+            shared[key] = task.aggregate(rs)["metrics"]
+        return shared[key]
+
+    return lambda rs: R.number(aggregate(rs).get(metric)) if rs else None
+
+
+def paired_totals(
+    a: dict[str, Any], b: dict[str, Any], metrics: list[str], n_resamples: int, seed: int
+) -> dict[str, stats.PairedResult]:
+    """compare's test of the total for each of `metrics` (B - A over the items both hold, the same draws), with one
+    aggregate of each draw for all metrics (the leaderboard's paired tables)."""
+    sa, sb = _paired_samples(a, b)
+    shared: dict = {}
+    return {
+        m: stats.paired_bootstrap(sa, sb, metric_statistic(a["task"]["name"], m, [], shared), n_resamples, seed=seed)
+        for m in metrics
+    }
 
 
 def _mean_score(records, metric):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import eval_cost
+from harness import eval_cost, stats
 from harness import results as R
 from harness.bench import check as bench_check
 
@@ -198,6 +198,7 @@ class Board:
     intro: str = ""
     checks_title: str = ""
     costs: list[Table] = field(default_factory=list)  # whole benchmarks at real size, extrapolated (eval_cost)
+    paired: dict[str, Table] = field(default_factory=dict)  # result table title -> its paired tests (paired_table)
 
 
 def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench: dict[str, dict[str, Any]]) -> Board:
@@ -216,9 +217,11 @@ def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench:
         )
         for (task, model, gpu), rows in sorted(eval_cost.cost_rows(runs).items())
     ]
+    results = [(result_table(k, g), g) for k, g in real.items()]
+    paired = {t.title: p for t, g in results if (p := paired_table(t.title, g)) is not None}
     return Board(
         len(runs),
-        [(result_table(k, g), g) for k, g in real.items()],
+        results,
         speed,
         paper["source"] if paper else None,
         published,
@@ -227,6 +230,7 @@ def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench:
         INTRO.format(n=len(runs)),
         CHECKS_TITLE.format(n=n_checks),
         costs,
+        paired,
     )
 
 
@@ -350,6 +354,57 @@ def result_table(key, runs: list[dict[str, Any]], pipeline_check: bool = False) 
         [r["_path"] for r in runs],
         note=stale_note(runs),
     )
+
+
+PAIRED_AGAINST = ("bf16", "oscar")  # the references of the paired tests: the full-precision cache and OScaR
+
+
+def paired_metrics(r: dict[str, Any]) -> list[str]:
+    """The metrics a paired table tests: the primary one, and the NLL where the primary metric is not a function of
+    it (asr's WER: the reference transcript's log-likelihood is the more sensitive measure)."""
+    primary = r["primary_metric"]
+    return [primary] + (["nll"] if "nll" in r["metrics"] and primary not in ("ppl", "nll") else [])
+
+
+def paired_cells(reference: dict[str, Any], r: dict[str, Any], metrics: list[str]) -> list[str]:
+    """'+0.21 (0.22)' per metric: the paired bootstrap difference r - reference over the items both hold, with its
+    p-value (oscar-eval compare's test of the total); '–' for the reference itself or runs over other items."""
+    from harness.compare import CompareError, paired_totals
+
+    if r is reference:
+        return ["–"] * len(metrics)
+    try:
+        totals = paired_totals(
+            reference, r, [m for m in metrics if m in reference["metrics"]], stats.DEFAULT_RESAMPLES, 0
+        )
+    except CompareError:
+        return ["–"] * len(metrics)
+    cells = []
+    for m in metrics:
+        t = totals.get(m)
+        if t is None or t.delta is None:
+            cells.append("–")
+        else:
+            cells.append(f"{t.delta:+.3g} ({'–' if t.p_value is None else f'{t.p_value:.2g}'})")
+    return cells
+
+
+def paired_table(title: str, runs: list[dict[str, Any]]) -> Table | None:
+    """Each run against BF16 and against OScaR of the same group, per paired metric (the tests of `oscar-eval
+    compare`); None when the group holds neither reference or a single run."""
+    refs = [(name, next((r for r in runs if r["method"]["name"] == name), None)) for name in PAIRED_AGAINST]
+    refs = [(name, ref) for name, ref in refs if ref is not None]
+    if not refs or len(runs) < 2:
+        return None
+    metrics = paired_metrics(runs[0])
+    header = ["method"] + [f"{m} vs {name}" for m in metrics for name, _ in refs]
+    rows = []
+    for r in runs:
+        cells = {name: paired_cells(ref, r, metrics) for name, ref in refs}
+        rows.append(
+            [r["method"]["name"] + partial_tag(r)] + [cells[name][i] for i in range(len(metrics)) for name, _ in refs]
+        )
+    return Table(f"Paired tests: {title}", header, rows, note=PAIRED_NOTE)  # rows without data-run: one per file
 
 
 def paper_tables(paper: dict[str, Any]) -> list[Table]:
@@ -485,7 +540,11 @@ def markdown(board: Board, short: bool = False) -> str:
     parts = [board.intro]
     if not board.results:
         parts.append(NO_RESULTS)
-    parts += [f"### {t.title}\n\n{md_table(t)}" + (f"\n\n{t.note}" if t.note else "") for t, _ in board.results]
+    for t, _ in board.results:
+        parts.append(f"### {t.title}\n\n{md_table(t)}" + (f"\n\n{t.note}" if t.note else ""))
+        if not short and t.title in board.paired:
+            p = board.paired[t.title]
+            parts.append(f"#### {p.title}\n\n{md_table(p)}\n\n{p.note}")
     parts += [f"### Speed and memory: {s.e2e.title}\n\n{md_table(s.e2e)}\n\n{s.e2e.note}" for s in board.speed if s.e2e]
     if short:
         return "\n\n".join(parts + [README_MORE.format(n=sum(len(t.rows) for t in board.checks))]) + "\n"
@@ -506,9 +565,15 @@ INTRO = (
     "kind under `results/bench/`. Intervals: percentile bootstrap over items; failed: items that ended in an "
     "error."
 )
+PAIRED_NOTE = (
+    "Each cell: the method's value minus the reference's over the items both hold, and in brackets the two-sided "
+    "p-value of a paired bootstrap over items (1,000 resamples: 0.002 is the smallest it shows); "
+    "`oscar-eval compare <reference> <method>` prints the same test with its interval."
+)
 NO_RESULTS = "No results of trained weights yet: `make eval MODEL=<model> QUANT=<method>` writes one."
 README_MORE = (
-    "The paper's published numbers and {n} pipeline checks (models without trained weights) are in "
+    "The paired tests of each table (every method against BF16 and against OScaR), the paper's published numbers "
+    "and {n} pipeline checks (models without trained weights) are in "
     "[results/LEADERBOARD.md](results/LEADERBOARD.md); `make leaderboard` also writes "
     "results/leaderboard/index.html, with plots and the decode-attention times."
 )

@@ -325,6 +325,7 @@ def results_section(board) -> str:
     for t, runs in board.results:
         parts += [
             titled(t, "runs"),
+            titled(board.paired[t.title], "paired", level=4) if t.title in board.paired else "",
             figure(tradeoff_plot(runs, t.title, style), f"{t.title}: quality against bits per element"),
             figure(category_plot(runs, t.title, style), f"{t.title}: per-category scores"),
         ]

@@ -160,14 +160,18 @@ def _invariant_experts(model: nn.Module, kernels: KernelOptions) -> list[tuple[A
     (quant.kernels.triton_moe: pairs sorted by expert on the device, fixed row blocks, no host sync, so CUDA graphs
     capture them) where they compute the model's experts; else transformers' eager loop, one expert at a time over its
     tokens with `linear`, which the mode multiplies in fixed row blocks. Returns what to restore."""
-    configs = [c for c in _configs(model) if getattr(c, "_experts_implementation_internal", None) not in (None, "eager")]
+    configs = [
+        c for c in _configs(model) if getattr(c, "_experts_implementation_internal", None) not in (None, "eager")
+    ]
     if not configs:
         return []
     name = "eager"
     if kernels.backend_for(next(model.parameters()).device) != "torch":
         from quant.kernels import triton_moe
 
-        experts = [m for m in model.modules() if getattr(m, "gate_up_proj", None) is not None and hasattr(m, "has_gate")]
+        experts = [
+            m for m in model.modules() if getattr(m, "gate_up_proj", None) is not None and hasattr(m, "has_gate")
+        ]
         if experts and all(triton_moe.supports(m) for m in experts):
             name = triton_moe.register()
     before = [(config, config._experts_implementation_internal) for config in configs]

@@ -63,7 +63,9 @@ def test_without_the_mode_logits_move_with_the_batch():
     assert not all(torch.equal(s[1:2], a) for s, a in zip(steps, alone))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter runs on CPU-only machines; a GPU runs the test below")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="Triton's interpreter runs on CPU-only machines; a GPU runs the test below"
+)
 @pytest.mark.parametrize("family", ["llava", "qwen3_omni"])
 @pytest.mark.parametrize("method", ["oscar", "bf16"])
 def test_kernel_path_rows_are_alone(method, family):

@@ -4,6 +4,7 @@ published numbers apart, speed and memory from the bench reference of each GPU k
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def workdir(tmp_path, monkeypatch):
                 kv_total=4096 if method == "bf16" else 800,
             )
         )
+        for sample, value in zip(r["samples"], ppl):  # what the ppl task aggregates (the paired tests redo it)
+            sample["scores"].update(nll_sum=100 * math.log(value), n_tokens=100)
         if method == "kivi":
             r["samples"][1]["error"] = "RuntimeError: out of memory"
             r["samples"][2]["error"] = "RuntimeError: out of memory"
@@ -112,8 +115,10 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
     readme = Path("README.md").read_text()
     assert "old" not in readme and readme.endswith(f"{L.README_END}\n\n## After\n")
     section = readme[readme.index(L.README_START) : readme.index(L.README_END)]
-    assert md[: md.index("### Published numbers")] in section  # results and speed, as in LEADERBOARD.md
-    assert "Published numbers" not in section and "<details>" not in section
+    for part in md[: md.index("### Published numbers")].split("\n\n#"):  # results and speed, as in LEADERBOARD.md
+        assert part.startswith("### Paired tests") or part in section, part
+    assert "Published numbers" not in section and "<details>" not in section and "Paired tests" not in section
+    assert "#### Paired tests: ppl · smollm2-135m (generated data)" in md
     assert (
         "published numbers and 4 pipeline checks (models without trained weights) are in [results/LEADERBOARD.md]"
         in section
@@ -286,3 +291,27 @@ def test_fmt_writes_thousands_without_an_exponent():
     assert L.fmt(1163.4, 3) == "1163" and L.fmt(999.6, 3) == "1000"
     assert L.fmt(12.34, 3) == "12.3" and L.fmt(1.234e-5, 3) == "1.23e-05" and L.fmt(None) == "–"
     assert L.fmt(2.5e6) == "2.500e+06"
+
+
+def test_paired_tables_test_each_method_against_bf16_and_oscar():
+    scores = {"bf16": [1, 1, 1, 1, 0, 1, 1, 1], "kivi": [0, 0, 1, 0, 0, 1, 0, 0], "oscar": [1, 1, 1, 1, 0, 1, 0, 1]}
+    runs = []
+    for method, s in scores.items():
+        r = real(make_result(method, s, model="smollm2-135m"))
+        r["_path"] = f"results/runs/handmade/smollm2-135m/{method}.json"
+        runs.append(r)
+    t = L.paired_table("handmade · smollm2-135m", runs)
+    assert t.header == ["method", "accuracy vs bf16", "accuracy vs oscar"]
+    rows = {row[0]: row[1:] for row in t.rows}
+    assert rows["bf16"][0] == "–" and rows["oscar"][1] == "–"
+    delta, p = rows["kivi"][0].split()
+    assert float(delta) == pytest.approx(2 / 8 - 7 / 8, abs=1e-3) and float(p.strip("()")) < 0.05
+    from harness.compare import compare
+
+    report = compare(runs[2], runs[1], "accuracy", 1000, seed=0)["total"]  # the CLI's test of the same pair
+    assert rows["kivi"][1] == f"{report['delta']:+.3g} ({report['p_value']:.2g})"
+    board = L.build_board(runs, None, {})
+    assert "#### Paired tests: handmade · smollm2-135m" in L.markdown(board)
+    assert "Paired tests" not in L.markdown(board, short=True)  # the README's section stays short
+    other = real(make_result("quarot", [1, 0, 1], model="smollm2-135m"))  # other items: no paired test
+    assert L.paired_cells(runs[0], other, ["accuracy"]) == ["–"]

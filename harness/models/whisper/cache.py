@@ -57,8 +57,10 @@ class ReadBack(CacheLayerMixin):
         cannot be reused by a new tensor meanwhile."""
         state = self._state()
         memo = self._memo
-        if memo is None or len(memo[0]) != len(state) or any(
-            t is not s or _version(t) != v for (s, v), t in zip(memo[0], state)
+        if (
+            memo is None
+            or len(memo[0]) != len(state)
+            or any(t is not s or _version(t) != v for (s, v), t in zip(memo[0], state))
         ):
             memo = ([(t, _version(t)) for t in state], *self.layer._dense())
             object.__setattr__(self, "_memo", memo)
