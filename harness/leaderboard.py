@@ -277,10 +277,11 @@ def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bo
     ref_kv = reference["system"]["kv_bytes"]["total"] if reference else None
     window = r["method"]["config"].get("residual_length")
     row = {"method": r["method"]["name"] + partial_tag(r), "window": "–" if window is None else str(window)}
-    if with_metric:
-        m = r["metrics"][r["primary_metric"]]
-        ci = f" [{fmt(m['ci_low'])}, {fmt(m['ci_high'])}]" if m["ci_low"] is not None else ""
-        row["metric"] = f"{fmt(m['value'])}{ci}"
+    if with_metric:  # the primary metric, then a second one the paired tables test (asr's NLL)
+        for i, name in enumerate(paired_metrics(r)):
+            m = r["metrics"][name]
+            ci = f" [{fmt(m['ci_low'])}, {fmt(m['ci_high'])}]" if m.get("ci_low") is not None else ""
+            row["metric" if i == 0 else f"metric:{name}"] = f"{fmt(m['value'])}{ci}"
     return {
         **row,
         "items": str(len(r["samples"])),
@@ -333,24 +334,24 @@ def percent(share: float | None) -> str:
     return "–" if share is None else f"{100 * share:.0f}%"
 
 
-def metric_header(runs: list[dict[str, Any]]) -> str:
+def metric_header(runs: list[dict[str, Any]], name: str = "") -> str:
+    """'wer ↓ (95% CI)' for metric `name` (default: the primary one)."""
     r = runs[0]
-    arrow = "↑" if r["metrics"][r["primary_metric"]]["higher_is_better"] else "↓"
-    return f"{r['primary_metric']} {arrow} (95% CI)"
+    name = name or r["primary_metric"]
+    arrow = "↑" if r["metrics"][name]["higher_is_better"] else "↓"
+    return f"{name} {arrow} (95% CI)"
 
 
 def result_table(key, runs: list[dict[str, Any]], pipeline_check: bool = False) -> Table:
     ref = reference_run(runs)
     rows = [run_row(r, ref, with_metric=not pipeline_check) for r in runs]
     empty = {c for c in OPTIONAL_COLUMNS if all(row[c] == "–" for row in rows)}
-    rows = [{k: v for k, v in row.items() if k not in empty} for row in rows]
-    header = list(rows[0])
-    if not pipeline_check:
-        header[2] = metric_header(runs)
+    keys = [k for k in rows[0] if k not in empty]
+    header = [metric_header(runs, k.partition(":")[2]) if k.startswith("metric") else k for k in keys]
     return Table(
         group_title(key, runs),
         header,
-        [list(r.values()) for r in rows],
+        [[row.get(k, "–") for k in keys] for row in rows],
         [r["_path"] for r in runs],
         note=stale_note(runs),
     )

@@ -315,3 +315,19 @@ def test_paired_tables_test_each_method_against_bf16_and_oscar():
     assert "Paired tests" not in L.markdown(board, short=True)  # the README's section stays short
     other = real(make_result("quarot", [1, 0, 1], model="smollm2-135m"))  # other items: no paired test
     assert L.paired_cells(runs[0], other, ["accuracy"]) == ["–"]
+
+
+def test_asr_tables_show_the_reference_nll_beside_the_wer():
+    runs = []
+    for method, nll in (("bf16", 1.70), ("oscar", 1.75)):
+        r = real(make_result(method, [5.0, 4.0], metric="wer", higher_is_better=False, task="asr"))
+        r["metrics"]["nll"] = {**r["metrics"]["wer"], "value": nll, "ci_low": nll - 0.1, "ci_high": nll + 0.1}
+        r["_path"] = f"results/runs/asr/whisper-base/{method}.json"
+        runs.append(r)
+    t = L.result_table(("asr", "generated", "whisper-base"), runs)
+    assert t.header[2:4] == ["wer ↓ (95% CI)", "nll ↓ (95% CI)"]
+    assert t.rows[1][3] == "1.75 [1.65, 1.85]"
+    assert L.paired_metrics(runs[0]) == ["wer", "nll"]
+    ppl = real(make_result("bf16", [5.0], metric="ppl", higher_is_better=False, task="ppl"))
+    ppl["metrics"]["nll"] = dict(ppl["metrics"]["ppl"])
+    assert L.paired_metrics(ppl) == ["ppl"]  # perplexity is exp(NLL): one of the two
