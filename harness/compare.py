@@ -296,12 +296,13 @@ def metric_statistic(
 
 
 def paired_totals(
-    a: dict[str, Any], b: dict[str, Any], metrics: list[str], n_resamples: int, seed: int
+    a: dict[str, Any], b: dict[str, Any], metrics: list[str], n_resamples: int, seed: int, shared: dict | None = None
 ) -> dict[str, stats.PairedResult]:
     """compare's test of the total for each of `metrics` (B - A over the items both hold, the same draws), with one
-    aggregate of each draw for all metrics (the leaderboard's paired tables)."""
+    aggregate of each draw for all metrics (the leaderboard's paired tables). `shared`: the aggregates of earlier
+    calls over the same result dicts (a reference's draws are the same against every run), kept by the caller."""
     sa, sb = _paired_samples(a, b)
-    shared: dict = {}
+    shared = {} if shared is None else shared
     return {
         m: stats.paired_bootstrap(sa, sb, metric_statistic(a["task"]["name"], m, [], shared), n_resamples, seed=seed)
         for m in metrics

@@ -367,7 +367,9 @@ def paired_metrics(r: dict[str, Any]) -> list[str]:
     return [primary] + (["nll"] if "nll" in r["metrics"] and primary not in ("ppl", "nll") else [])
 
 
-def paired_cells(reference: dict[str, Any], r: dict[str, Any], metrics: list[str]) -> list[str]:
+def paired_cells(
+    reference: dict[str, Any], r: dict[str, Any], metrics: list[str], shared: dict | None = None
+) -> list[str]:
     """'+0.21 (0.22)' per metric: the paired bootstrap difference r - reference over the items both hold, with its
     p-value (oscar-eval compare's test of the total); '–' for the reference itself or runs over other items."""
     from harness.compare import CompareError, paired_totals
@@ -376,7 +378,7 @@ def paired_cells(reference: dict[str, Any], r: dict[str, Any], metrics: list[str
         return ["–"] * len(metrics)
     try:
         totals = paired_totals(
-            reference, r, [m for m in metrics if m in reference["metrics"]], stats.DEFAULT_RESAMPLES, 0
+            reference, r, [m for m in metrics if m in reference["metrics"]], stats.DEFAULT_RESAMPLES, 0, shared
         )
     except CompareError:
         return ["–"] * len(metrics)
@@ -399,9 +401,10 @@ def paired_table(title: str, runs: list[dict[str, Any]]) -> Table | None:
         return None
     metrics = paired_metrics(runs[0])
     header = ["method"] + [f"{m} vs {name}" for m in metrics for name, _ in refs]
+    shared: dict = {}  # each run's bootstrap draws, aggregated once for both references and every metric
     rows = []
     for r in runs:
-        cells = {name: paired_cells(ref, r, metrics) for name, ref in refs}
+        cells = {name: paired_cells(ref, r, metrics, shared) for name, ref in refs}
         rows.append(
             [r["method"]["name"] + partial_tag(r)] + [cells[name][i] for i in range(len(metrics)) for name, _ in refs]
         )

@@ -68,6 +68,12 @@ def _module_level(body: list[ast.stmt]):
 def imports_of(name: str, path: Path) -> set[str]:
     """The project modules `name` (at `path`) imports at module level: `from a import b` counts as a.b when that
     is a module, else as a."""
+    return set(_imports_of(name, path, path.stat().st_mtime_ns))
+
+
+@lru_cache(maxsize=None)
+def _imports_of(name: str, path: Path, mtime_ns: int) -> frozenset[str]:
+    """imports_of for one version of the file (a leaderboard asks it for every result, thousands of times)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
     for node in _module_level(ast.parse(path.read_text(encoding="utf-8")).body):
@@ -82,7 +88,7 @@ def imports_of(name: str, path: Path) -> set[str]:
             out.update(subs or [base])
             if len(subs) < len(node.names):
                 out.add(base)
-    return {m for m in out if m.split(".")[0] in PACKAGES and module_file(m)}
+    return frozenset(m for m in out if m.split(".")[0] in PACKAGES and module_file(m))
 
 
 def closure(roots: list[str]) -> dict[str, Path]:
