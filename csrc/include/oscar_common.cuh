@@ -99,56 +99,40 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
-// Pair slot S of a frag-order word (fields S and S + 8: bits 2S and 16 + 2S) as an fp16 pair (B + lo, B + hi):
-// the word is shifted so the field lands on mantissa bit p of each half, then ONE LOP3 ORs it into fp16
-// B = 2^(10 - p), where bit p weighs 1: even slots go to p = 8 (B = 4), odd slots to p = 6 (B = 16), so a word
-// needs 4 shifts (<< 8, << 4, >> 4, >> 8; slots 3 and 4 none) and 8 LOP3s for its 16 codes, and B depends on
-// the slot's parity only (a D = 64 k-step mixes slots S and S + 4). The keys' offset B is folded into their
-// biases (slot_base); the values take no offset at all (code_pair: subnormals). Larger offsets would save
-// shifts (fields at p = 4, B = 64: 2 shifts per word for D = 128) but cost accuracy: the tensor cores' fp32 sums
-// lose the low bits of B * sum(q s), as measured.
+// Pair slot S of a frag-order word (fields S and S + 8: bits 2S and 16 + 2S) as an fp16 pair of subnormals: the
+// field is masked where it sits (slots 0-3: bits 0, 2, 4, 6) or after one shift of the word by 8 (slots 4-7 land
+// on the same bits), mantissa bit p weighing 2^(p - 24). A word's 16 codes take 1 shift and 8 LOP3s, and slots S and
+// S + 4, which a D = 64 fragment mixes, share a unit. No offset enters a sum (the tensor cores' fp32 sums of an
+// offset B would lose the low bits of B * sum(q s)); the units differ by slot, so the keys' query fragments are
+// scaled by 2^-p (query_fragments) and the values' sums by 2^(24 - p) at the end (fold_values).
 template <int D>
 struct SlotMap {
-  // Shift right by shift(s) (negative: left); the field then sits at bit pos(s).
-  __host__ __device__ static constexpr int shift(int s) { return 2 * s - pos(s); }
-  __host__ __device__ static constexpr int pos(int s) { return (s & 1) ? 6 : 8; }
+  // Shift right by shift(s); the field then sits at bit pos(s).
+  __host__ __device__ static constexpr int shift(int s) { return s < 4 ? 0 : 8; }
+  __host__ __device__ static constexpr int pos(int s) { return 2 * (s & 3); }
 };
 
-// The offset B of pair slot s for head dim D (64, 16 or 4).
-template <int D>
-__host__ __device__ constexpr float slot_base(int s) {
-  return static_cast<float>(1 << (10 - SlotMap<D>::pos(s)));
-}
-
-// -B of slot s as an fp16 pair.
-template <int D>
-__host__ __device__ constexpr uint32_t neg_slot_base_pair(int s) {
-  return SlotMap<D>::pos(s) == 4 ? 0xD400D400u : SlotMap<D>::pos(s) == 6 ? 0xCC00CC00u : 0xC400C400u;
-}
-
-// Pair slot S of a code word as an fp16 pair, in ONE LOP3 after the slot's shift (SlotMap):
-// - key codes (kValue false): (B + lo, B + hi), (x & mask) | base (0xEA; left to itself the compiler emits two
-//   LOP3s for the two immediates);
-// - value codes (kValue true): fp16 subnormals (q_even, 3 - q_odd) x 2^(pos - 24), (x ^ flip) & mask (0x48): no
-//   offset (bit p weighs 2^(p - 24) in a subnormal), and the odd token's (high half's) code mirrored. The decode
-//   negates the odd token's B operand to match, (3 - q) (-s p) = (q - 3) s p, and adds 3 s p back through its zero
-//   (z + 3 s): the running sum then takes q s p and (q - 3) s p in turn, so it carries no offset along a split
-//   (oscar_decode.cuh group_step).
+// Pair slot S of a code word as an fp16 pair of subnormals c x 2^(pos - 24), in ONE LOP3 after the slot's shift
+// (SlotMap):
+// - key codes (kValue false): (lo, hi), x & mask;
+// - value codes (kValue true): (q_even, 3 - q_odd), (x ^ flip) & mask (0x48): the odd token's (high half's) code
+//   mirrored. The decode negates the odd token's B operand to match, (3 - q) (-s p) = (q - 3) s p, and adds 3 s p
+//   back through its zero (z + 3 s): the running sum then takes q s p and (q - 3) s p in turn, so it carries no
+//   offset along a split (oscar_decode.cuh group_step).
 template <int D, int S, bool kValue>
 __device__ __forceinline__ uint32_t code_slot(uint32_t w) {
   constexpr int kShift = SlotMap<D>::shift(S), kPos = SlotMap<D>::pos(S);
-  static_assert(kPos == 4 || kPos == 6 || kPos == 8, "field outside the fp16 mantissa");
-  const uint32_t x = kShift >= 0 ? (w >> kShift) : (w << -kShift);
+  static_assert(kPos >= 0 && kPos <= 8, "field outside the fp16 mantissa");
+  const uint32_t x = w >> kShift;
   constexpr uint32_t kMask = 0x00030003u << kPos;
-  uint32_t y;
   if constexpr (kValue) {
     constexpr uint32_t kFlip = 0x00030000u << kPos;
+    uint32_t y;
     asm("lop3.b32 %0, %1, %2, %3, 0x48;\n" : "=r"(y) : "r"(x), "r"(kMask), "r"(kFlip));
+    return y;
   } else {
-    constexpr uint32_t kBase = kPos == 4 ? 0x54005400u : kPos == 6 ? 0x4C004C00u : 0x44004400u;  // 64, 16, 4
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(y) : "r"(x), "r"(kMask), "r"(kBase));
+    return x & kMask;
   }
-  return y;
 }
 
 // code_slot with the slot known after unrolling (the switch folds away).

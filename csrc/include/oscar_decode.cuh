@@ -8,13 +8,13 @@
 // GQA heads x query tokens sit in N = 8 columns (NT tiles of 8):
 //   S^T = K_hat Q^T     (A = key codes straight from shared memory, k = channels; B = Q scaled per channel)
 //   O^T += V_hat^T P^T  (A = value codes, k = tokens; B = P scaled per token, moved into place by movmatrix)
-// Key codes enter as fp16 (B + code), B = 16 or 4 by pair slot (code_slot), so the scales multiply the B
-// operands (Q by the key scale, P by the value scale). Keys: the zeros become biases, per group and k-step
-// sum_d q_d z_d - B sum_d q_d s_d (two MMAs with a constant A, from the same fp16 products q_d s_d as the scores,
-// so the B terms cancel; every group starts its scores from zero). Values: the codes enter with no offset, as fp16
-// subnormals q 2^(p - 24) (code_slot, one LOP3 a register), and mirrored on odd tokens: the odd token's code is
-// complemented (3 - q, in the same LOP3) and its P negated, so its term is (q - 3) s p, and its zero enters as
-// z + 3 s. The running sum O^T then takes q s p and (q - 3) s p in turn and carries no offset along a split; the
+// Codes enter as fp16 subnormals c 2^(p - 24) (code_slot: one LOP3 a register after the slot's shift, no offset),
+// so the scales multiply the B operands (Q by the key scale, P by the value scale). Keys: the slot's bit p is
+// 2 (ks & 3) on k-step ks, whose query fragments hold q 2^-p, so every product is c q s 2^-24; the zeros' sums
+// sum_d q_d z_d per group are MMAs with A = z and B = q (unscaled), exact products (every group starts its scores
+// from zero). Values: mirrored on odd tokens: the odd token's
+// code is complemented (3 - q, in the same LOP3) and its P negated, so its term is (q - 3) s p, and its zero enters
+// as z + 3 s. The running sum O^T then takes q s p and (q - 3) s p in turn and carries no offset along a split; the
 // zeros' sum Z = sum_t z'_t p_t per channel group is one MMA (A rows: z, or z + 3 s on odd tokens), added as
 // O = 2^(24 - p) O^T + Z at the end of the quantized part (fold_values). An offset carried along a split (as the
 // codes' B = 4 or 16 of the fp16 trick, or even their mean 1.5) grows the sum past the output's size while O averages
@@ -90,7 +90,6 @@ struct WarpState {
 };
 
 constexpr float kNegInit = -1.0e30f;  // finite: fully masked tiles give exp2(-inf) = 0, never NaN
-constexpr uint32_t kOnes = 0x3C003C00u;      // fp16 (1, 1)
 
 template <int D, int NT>
 __device__ __forceinline__ void init_state(WarpState<D, NT>& w) {
@@ -154,7 +153,8 @@ __device__ __forceinline__ void softmax_to_p(float (&sc)[MT][NT][4], WarpState<D
 // One staged group: scores, softmax, O^T and the Y/Z sums. valid = tokens of the group below kv_len.
 template <int D, int NT>
 __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&qf)[D / 16][NT][2],
-                                           WarpState<D, NT>& w, int valid, float scale_log2) {
+                                           const uint32_t (&qk)[D / 16][NT][2], WarpState<D, NT>& w, int valid,
+                                           float scale_log2) {
   using L = Stage<D>;
   constexpr int KS = D / 16, NDG = D / 32;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -172,40 +172,37 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
     const uint4 x = *reinterpret_cast<const uint4*>(st + L::kKC + 16 * (32 * j + lane));
     kw[4 * j] = x.x, kw[4 * j + 1] = x.y, kw[4 * j + 2] = x.z, kw[4 * j + 3] = x.w;
   }
-  float sc[2][NT][4], bias[2][NT][4];  // two bias chains (zeros, offsets): independent MMAs
+  // Scores in units of 2^-24. The zeros' sums q.z take the chunk's z as loaded for A: rows g hold the channels of
+  // its e = 0 halves, rows g + 8 those of e = 1 (k-steps 2 i and 2 i + 1 side by side), so zb[0] (B: the query's
+  // e = 0 pairs) is right in rows g and zb[1] (e = 1) in rows g + 8; the other rows are not read.
+  float sc[2][NT][4], zb[2][NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) sc[0][nt][e] = sc[1][nt][e] = bias[0][nt][e] = bias[1][nt][e] = 0.f;
-  const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
+    for (int e = 0; e < 4; ++e) sc[0][nt][e] = sc[1][nt][e] = zb[0][nt][e] = zb[1][nt][e] = 0.f;
 #pragma unroll
   for (int i = 0; i < KS / 2; ++i) {  // channel chunk 4 i + c: k-steps 2 i, 2 i + 1
     const uint4 s4 = *reinterpret_cast<const uint4*>(st + L::kKS + 16 * (4 * i + c));
     const uint4 z4 = *reinterpret_cast<const uint4*>(st + L::kKZ + 16 * (4 * i + c));
-    const uint32_t sv[4] = {s4.x, s4.y, s4.z, s4.w}, zv[4] = {z4.x, z4.y, z4.z, z4.w};
+    const uint32_t sv[4] = {s4.x, s4.y, s4.z, s4.w}, za[4] = {z4.x, z4.y, z4.z, z4.w};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) mma16816(zb[e][nt], za, qf[2 * i][nt][e], qf[2 * i + 1][nt][e]);
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
       const int ks = 2 * i + kk;
       uint32_t bm[NT][2];
-      // The A fragments of k-step ks hold slots ks (D = 128) or ks and ks + 4 (D = 64): B = slot_base<D>(ks).
-      const uint32_t nb = neg_slot_base_pair<D>(ks), minus_b[4] = {nb, nb, nb, nb};
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t qz[2];
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          bm[nt][e] = as_u32(hmul2u(qf[ks][nt][e], sv[2 * kk + e]));
-          qz[e] = as_u32(hmul2u(qf[ks][nt][e], zv[2 * kk + e]));
-        }
-        mma16816(bias[0][nt], ones, qz[0], qz[1]);
-        mma16816(bias[1][nt], minus_b, bm[nt][0], bm[nt][1]);
-      }
+        for (int e = 0; e < 2; ++e) bm[nt][e] = as_u32(hmul2u(qk[ks][nt][e], sv[2 * kk + e]));
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         uint32_t a[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int f = (4 * mt + r) * KS + ks;  // compile-time after unrolling
+          const int f = (4 * mt + r) * KS + ks;  // compile-time after unrolling; slot & 3 = ks & 3
           a[r] = code_pair<D, false>(kw[f >> 3], f & 7);
         }
 #pragma unroll
@@ -213,19 +210,25 @@ __device__ __forceinline__ void group_step(unsigned char* st, const uint32_t (&q
       }
     }
   }
+  float zs[NT][2];  // q.z of column 2c + hc in units of 2^-24
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int hc = 0; hc < 2; ++hc) zs[nt][hc] = (zb[0][nt][hc] + zb[1][nt][2 + hc]) * 0x1p-24f;
   // Token of C row g (e < 2) / g + 8 (e >= 2) in tile mt: base + 4 mt + 2 (e >> 1) (frag_token).
   const float* nrm = reinterpret_cast<const float*>(st + L::kNorm);
   const int base = 8 * (g >> 1) + (g & 1);
+  const float scale24 = scale_log2 * 0x1p24f;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int t = base + 4 * mt + 2 * hf;
-      const float f = nrm[t] * scale_log2;
+      const float f = nrm[t] * scale24;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int hc = 0; hc < 2; ++hc) sc[mt][nt][2 * hf + hc] = (sc[mt][nt][2 * hf + hc] + bias[0][nt][2 * hf + hc] + bias[1][nt][2 * hf + hc]) * f;
+        for (int hc = 0; hc < 2; ++hc) sc[mt][nt][2 * hf + hc] = (sc[mt][nt][2 * hf + hc] + zs[nt][hc]) * f;
       if (tail) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)

@@ -21,7 +21,8 @@ struct DecodeSmem {
 
 // The query: each thread loads 8 channels of a row with one 16-byte load (query_load), then the rows are rotated
 // by the normalized Hadamard for quantized CTAs (in registers: fwht_lanes) -> shared -> fp16 B fragments in the frag
-// channel order (B = Q^T: k = channels frag_channel(ks, .), n = row 8 nt + g). One barrier.
+// channel order (B = Q^T: k = channels frag_channel(ks, .), n = row 8 nt + g); qk: the same scaled by 2^-p, p the
+// mantissa bit of k-step ks's key codes (SlotMap), for the scores (group_step). One barrier.
 template <int D, int NT>
 struct QueryLoads {
   static constexpr int kPerRow = D / 8, kRowsPerPass = kThreads / kPerRow;
@@ -51,7 +52,7 @@ __device__ __forceinline__ void query_load(const DecodeParams& p, int b, int h, 
 
 template <int D, int NT, typename T>
 __device__ void query_fragments(const QueryLoads<D, NT>& ql, bool rotate, float (*q)[D],
-                                uint32_t (&qf)[D / 16][NT][2]) {
+                                uint32_t (&qf)[D / 16][NT][2], uint32_t (&qk)[D / 16][NT][2]) {
   using Q = QueryLoads<D, NT>;
   const int d0 = 8 * (threadIdx.x % Q::kPerRow);
 #pragma unroll
@@ -78,7 +79,9 @@ __device__ void query_fragments(const QueryLoads<D, NT>& ql, bool rotate, float 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int d = frag_channel(ks, 2 * c + 8 * e);
+        const float m = 1.f / static_cast<float>(1 << SlotMap<D>::pos(ks));  // a power of 2: exact unless subnormal
         qf[ks][nt][e] = pack_half2(q[8 * nt + g][d], q[8 * nt + g][d + 1]);
+        qk[ks][nt][e] = m == 1.f ? qf[ks][nt][e] : pack_half2(m * q[8 * nt + g][d], m * q[8 * nt + g][d + 1]);
       }
 }
 
@@ -146,8 +149,8 @@ __device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int spl
     if (gi < groups) src.issue(stages[s], gi);
     cp_async_commit();
   }
-  uint32_t qf[D / 16][NT][2];
-  query_fragments<D, NT, T>(ql, p.rotate, sm.q, qf);  // every warp: a barrier
+  uint32_t qf[D / 16][NT][2], qk[D / 16][NT][2];
+  query_fragments<D, NT, T>(ql, p.rotate, sm.q, qf, qk);  // every warp: a barrier
   trace_stamp(p, 1);
   init_state<D, NT>(w);
   for (int k = 0, gi = first; gi < groups; ++k, gi += kWarps) {
@@ -156,7 +159,7 @@ __device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int spl
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    group_step<D, NT>(stages[k % kStages], qf, w, kv_len - kGroup * gi, p.scale_log2);
+    group_step<D, NT>(stages[k % kStages], qf, qk, w, kv_len - kGroup * gi, p.scale_log2);
     __syncwarp();  // the stage is refilled next iteration
   }
   fold_values<D, NT>(w);

@@ -1,9 +1,9 @@
 """The "frag" code order (quant/packed.py) against the tensor-core fragment reads of the CUDA decode kernel.
 
 The kernel (csrc/include/oscar_decode.cuh) never unpacks codes to the natural layout: lane L = 4 g + c loads
-its words and turns pair slot s of word w into an fp16 pair by moving the pair into an fp16 mantissa: key codes
-as (B + code_lo, B + code_hi) (offset B = 16 or 4 by slot), value codes as subnormals (code_lo, 3 - code_hi) x
-2^(p - 24) (no offset; the high half's, odd token's code mirrored). This test replays those reads on the CPU,
+its words and turns pair slot s of word w into an fp16 pair of subnormals by masking the pair inside an fp16
+mantissa (bit p): key codes as (code_lo, code_hi) x 2^(p - 24), value codes as (code_lo, 3 - code_hi) x 2^(p - 24)
+(the high half's, odd token's code mirrored); no offset either way. This test replays those reads on the CPU,
 lane by lane, with the PTX m16n8k16 fragment layouts, and checks that the matrices they build are the natural K
 (token rows) and V^T (channel rows) of the block, and that the same token map serves norms, value scales and P^T.
 """
@@ -22,49 +22,44 @@ def lane_words(words: torch.Tensor, lane: int, per_lane: int) -> list[int]:
 
 
 def slot_shift(d: int, slot: int) -> int:
-    """The kernel's right shift of pair slot `slot` (negative: left), csrc/include/oscar_common.cuh SlotMap: even
-    slots land on mantissa bit 8 (offset 4), odd ones on bit 6 (offset 16), for both head dims."""
-    return 2 * slot - (6 if slot & 1 else 8)
+    """The kernel's right shift of pair slot `slot`, csrc/include/oscar_common.cuh SlotMap: slots 0-3 stay where they
+    are (bits 0, 2, 4, 6 of each half), slots 4-7 move down by 8 onto the same bits, for both head dims."""
+    return 0 if slot < 4 else 8
 
 
-def slot_base(d: int, slot: int) -> float:
-    """The fp16 offset B the field of `slot` lands in: mantissa bit p weighs 1 in 2^(10 - p)."""
-    return float(2 ** (10 - (2 * slot - slot_shift(d, slot))))
+def slot_pos(d: int, slot: int) -> int:
+    """The mantissa bit p the field of `slot` lands on: as an fp16 subnormal, its code weighs 2^(p - 24)."""
+    return 2 * slot - slot_shift(d, slot)
 
 
-def dequant_pair(word: int, slot: int, d: int) -> tuple[float, float]:
-    """The kernel's shift + ONE LOP3 (code_slot<D, S, false>) minus the offset B: fields S, S + 8 (bits 2S, 16 + 2S)
-    moved to mantissa bit p (4, 6 or 8) of each half and OR-ed into fp16 B = 64, 16 or 4."""
-    shift = slot_shift(d, slot)
-    x = (word >> shift) if shift >= 0 else (word << -shift) & 0xFFFFFFFF
-    pos = 2 * slot - shift
-    assert pos in (4, 6, 8)
-    base = {4: 0x5400, 6: 0x4C00, 8: 0x4400}[pos]
-    x = (x & (0x00030003 << pos)) | (base | base << 16)
-    halves = torch.tensor([x & 0xFFFF, x >> 16], dtype=torch.int32).to(torch.int16).view(torch.float16)
-    offset = slot_base(d, slot)
-    assert float(torch.tensor(base, dtype=torch.int32).to(torch.int16).view(torch.float16)) == offset
-    return float(halves[0]) - offset, float(halves[1]) - offset
-
-
-def value_pair(word: int, slot: int, d: int) -> tuple[float, float]:
-    """The kernel's shift + ONE LOP3 for value codes (code_slot<D, S, true>): (x ^ flip) & mask, the fields masked
-    in place at mantissa bit p as fp16 subnormals, the high half complemented; in units of the subnormal 2^(p - 24)."""
-    shift = slot_shift(d, slot)
-    x = (word >> shift) if shift >= 0 else (word << -shift) & 0xFFFFFFFF
-    pos = 2 * slot - shift
-    x = (x ^ (0x00030000 << pos)) & (0x00030003 << pos)
+def subnormal_pair(x: int, pos: int) -> tuple[float, float]:
+    """The two fp16 halves of the 32-bit `x`, in units of the subnormal 2^(pos - 24)."""
     halves = torch.tensor([x & 0xFFFF, x >> 16], dtype=torch.int32).to(torch.int16).view(torch.float16)
     unit = 2.0 ** (pos - 24)
     return float(halves[0]) / unit, float(halves[1]) / unit
 
 
-def test_slot_offsets():
-    # 4 distinct shifts per word, offsets 4 and 16 by slot parity (small offsets keep the tensor-core sums of
-    # B * sum(q s) accurate), so a D = 64 k-step, which mixes slots S and S + 4, has one offset.
+def dequant_pair(word: int, slot: int, d: int) -> tuple[float, float]:
+    """The kernel's shift + ONE LOP3 for key codes (code_slot<D, S, false>): x & mask, the fields S, S + 8 (bits 2S,
+    16 + 2S) masked at mantissa bit p of each half as fp16 subnormals."""
+    pos = slot_pos(d, slot)
+    return subnormal_pair((word >> slot_shift(d, slot)) & (0x00030003 << pos), pos)
+
+
+def value_pair(word: int, slot: int, d: int) -> tuple[float, float]:
+    """The kernel's shift + ONE LOP3 for value codes (code_slot<D, S, true>): (x ^ flip) & mask, the fields masked
+    in place at mantissa bit p as fp16 subnormals, the high half complemented."""
+    pos = slot_pos(d, slot)
+    x = word >> slot_shift(d, slot)
+    return subnormal_pair((x ^ (0x00030000 << pos)) & (0x00030003 << pos), pos)
+
+
+def test_slot_units():
+    # One shift per word; units 2^(p - 24) by slot % 4, so a D = 64 fragment, which mixes slots S and S + 4, has
+    # one unit, and no field reaches the exponent.
     for d in (64, 128):
-        assert len({slot_shift(d, s) for s in range(8)} - {0}) == 4
-        assert [slot_base(d, s) for s in range(8)] == [4.0, 16.0] * 4
+        assert len({slot_shift(d, s) for s in range(8)} - {0}) == 1
+        assert [slot_pos(d, s) for s in range(8)] == [0, 2, 4, 6] * 2
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -84,7 +79,7 @@ def test_key_fragments_are_the_block(d):
                     lo, hi = dequant_pair(mine[f // 8], f % 8, d)
                     row, k = g + 8 * (r & 1), 2 * c + 8 * (r >> 1)
                     a[mt, ks, row, k], a[mt, ks, row, k + 1] = lo, hi
-                    assert slot_base(d, f % 8) == slot_base(d, ks)  # the offset B is fixed per k-step
+                    assert slot_pos(d, f % 8) == slot_pos(d, ks)  # one unit per k-step (its query's scale)
     natural = codes[0, 0].float()
     for mt in range(2):
         for ks in range(per_lane):
@@ -115,7 +110,7 @@ def test_value_fragments_are_the_block(d):
                     f = (4 * kt + r) * per_lane + mv
                     lo, hi = value_pair(mine[f // 8], f % 8, d)
                     ch, k = 16 * mv + g + 8 * (r & 1), 2 * c + 8 * (r >> 1)
-                    assert slot_base(d, f % 8) == slot_base(d, mv)  # one subnormal unit per channel tile
+                    assert slot_pos(d, f % 8) == slot_pos(d, mv)  # one subnormal unit per channel tile
                     assert (lo, hi) == (natural[frag_token(kt, k), ch], 3 - natural[frag_token(kt, k + 1), ch])
                     # the high half is the odd token of a pair, the one whose P the decode negates
                     assert frag_token(kt, k) % 2 == 0 and frag_token(kt, k + 1) == frag_token(kt, k) + 1
