@@ -12,8 +12,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee
 $PY -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__)" | tee -a "$OUT/gpu.txt"
 t0=$(date +%s)
 # Build the CUDA specializations in parallel (one nvcc each): "HEAD_DIM:MIN_BLOCKS[:WARPS] ..." (cuda.NARROW is 3:4,
-# cuda.WIDE 1:8; quant/kernels/build.py), and the layer kernels.
-timeout 330 $PY -m quant.kernels.build ${BUILD_VARIANTS:-128:3 64:3 128:1:8 64:1:8} --timeout 300 2>&1 | tee "$OUT/build.log"
+# cuda.WIDE 1:8, cuda.WIDE_LONG 1:12; quant/kernels/build.py), and the layer kernels.
+timeout 330 $PY -m quant.kernels.build ${BUILD_VARIANTS:-128:3 64:3 128:1:8 64:1:8 128:1:12 64:1:12} --timeout 300 2>&1 | tee "$OUT/build.log"
 echo "build stage: $(( $(date +%s) - t0 ))s"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 240 $PY -m pytest tests/kernels/test_csrc.py tests/kernels/test_kernels_triton.py tests/kernels/test_kernels_hf.py -q --tb=short \

@@ -83,7 +83,8 @@ def time_plan(
     """window: the window's own CTA (True), folded into the last split's (False), or the planner's choice;
     balance: a given split count is sized like the planner's (cuda.plan_splits), else split equally;
     order: the CTAs' launch order (cuda.cta_order; None: the planner's); merge_group: the merge's groups
-    (cuda.merge_plan; None: the planner's); min_blocks and warps: the build (cuda.NARROW 3, 4; cuda.WIDE 1, 8)."""
+    (cuda.merge_plan; None: the planner's); min_blocks and warps: the build (cuda.NARROW 3, 4; cuda.WIDE 1, 8;
+    cuda.WIDE_LONG 1, 12)."""
     import triton.testing
 
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
@@ -254,8 +255,9 @@ def main() -> None:
         "--warps",
         type=int,
         default=4,
-        choices=[4, 8],
-        help="warps of a CTA (the build: --min-blocks 3 --warps 4 is cuda.NARROW, 1 and 8 cuda.WIDE)",
+        choices=[4, 8, 12],
+        help="warps of a CTA (the build: --min-blocks 3 --warps 4 is cuda.NARROW, 1 and 8 cuda.WIDE, 1 and 12 "
+        "cuda.WIDE_LONG)",
     )
     p.add_argument(
         "--window",

@@ -360,7 +360,11 @@ template <int D, typename T>
 cudaError_t launch_decode(const DecodeParams& p, int batch, cudaStream_t stream) {
   const int rows = p.group * p.lq;
   if (rows > 16 || p.num_splits + 1 > kMaxSplits) return cudaErrorInvalidValue;
-  return rows <= 8 ? launch_decode_nt<D, 1, T>(p, batch, stream) : launch_decode_nt<D, 2, T>(p, batch, stream);
+  if constexpr (kWarps > 8) {  // one head tile only: two take ~250 registers a thread, past 65536 / kThreads
+    return rows <= 8 ? launch_decode_nt<D, 1, T>(p, batch, stream) : cudaErrorInvalidValue;
+  } else {
+    return rows <= 8 ? launch_decode_nt<D, 1, T>(p, batch, stream) : launch_decode_nt<D, 2, T>(p, batch, stream);
+  }
 }
 
 }  // namespace oscar

@@ -8,7 +8,7 @@
 namespace oscar {
 
 #ifndef OSCAR_WARPS
-#define OSCAR_WARPS 4  // warps of a decode CTA: 4, or 8 with OSCAR_MIN_BLOCKS 1 (quant/kernels/cuda.py NARROW / WIDE)
+#define OSCAR_WARPS 4  // warps of a decode CTA: 4, or 8-12 with OSCAR_MIN_BLOCKS 1 (quant/kernels/cuda.py NARROW / WIDE)
 #endif
 constexpr int kWarps = OSCAR_WARPS;
 constexpr int kThreads = kWarps * 32;

@@ -1,6 +1,6 @@
 // OScaR split-KV decode attention over the packed INT2 cache in the "frag" code order (oscar_layout.cuh).
 //
-// Grid (max(num_splits, 1), B * Hkv), kWarps warps (4, or 8 with one CTA an SM); the last split's CTA of each
+// Grid (max(num_splits, 1), B * Hkv), kWarps warps (4, or 8-12 with one CTA an SM); the last split's CTA of each
 // (b, kv head) also attends to the full-precision window, and the last CTA to finish (a counter per (b, kv head))
 // merges the partials (oscar_combine.cuh). Rows of one CTA (one split, the window folded, V's rotation in the weights, short rows) run
 // decode_row_kernel instead: the window after the groups in the same state, the output written directly.

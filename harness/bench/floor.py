@@ -61,7 +61,7 @@ def read_floor(nbytes: int, device="cuda", ctas_per_sm=CTAS_PER_SM) -> dict:
 
 def launch_floor(ctas: int, device="cuda", build: tuple[int, int] | None = None) -> dict:
     """Time (us) of an empty grid of `ctas` CTAs with the threads and shared memory of the decode build `build`
-    ((min_blocks, warps): cuda.NARROW, 128 threads, by default; cuda.WIDE 256)."""
+    ((min_blocks, warps): cuda.NARROW, 128 threads, by default; cuda.WIDE 256, cuda.WIDE_LONG 384)."""
     from harness.bench.timing import _graph_us
     from quant.kernels import cuda
 

@@ -4,12 +4,12 @@ A decode build takes 50-90 s of nvcc; a first `make eval` or `make bench` on a G
 the other as it meets them. Each build lands in `cuda.cache_dir()` under its specialization's name, where `cuda.load`
 finds it:
 
-    python3 -m quant.kernels.build                      # the decode's NARROW and WIDE builds, head dims 128 and 64,
-                                                        # and the layer kernels (GEMV, RMSNorm, RoPE)
-    python3 -m quant.kernels.build 128:3 128:1:8 --no-layers
+    python3 -m quant.kernels.build                      # the decode's NARROW, WIDE and WIDE_LONG builds, head dims
+                                                        # 128 and 64, and the layer kernels (GEMV, RMSNorm, RoPE)
+    python3 -m quant.kernels.build 128:3 128:1:12 --no-layers
 
-A spec is HEAD_DIM:MIN_BLOCKS[:WARPS] (warps 4 unless given; `cuda.NARROW` is 3:4, `cuda.WIDE` 1:8). Exits 1 if a
-build fails, after the last lines of its log.
+A spec is HEAD_DIM:MIN_BLOCKS[:WARPS] (warps 4 unless given; `cuda.NARROW` is 3:4, `cuda.WIDE` 1:8, `cuda.WIDE_LONG`
+1:12). Exits 1 if a build fails, after the last lines of its log.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import torch
 
 
 def default_specs() -> list[str]:
-    from quant.kernels.cuda import NARROW, WIDE
+    from quant.kernels.cuda import NARROW, WIDE, WIDE_LONG
 
-    return [f"{d}:{b}:{w}" for b, w in (NARROW, WIDE) for d in (128, 64)]
+    return [f"{d}:{b}:{w}" for b, w in (NARROW, WIDE, WIDE_LONG) for d in (128, 64)]
 
 
 def parse_spec(spec: str) -> tuple[int, int, int]:
-    """'128:1:8' -> (head_dim 128, min_blocks 1, warps 8); warps default to 4."""
+    """'128:1:12' -> (head_dim 128, min_blocks 1, warps 12); warps default to 4."""
     parts = spec.split(":")
     try:
         values = [int(p) for p in parts]
@@ -40,11 +40,11 @@ def parse_spec(spec: str) -> tuple[int, int, int]:
         or values[0] not in (64, 128)
         or values[1] < 1
         or values[-1] < 1
-        or (len(values) == 3 and values[2] not in (4, 8))
+        or (len(values) == 3 and values[2] not in (4, 8, 12))
     ):
         raise ValueError(
             f"bad build spec {spec!r}: HEAD_DIM:MIN_BLOCKS[:WARPS] with head dim 64 or 128, min_blocks "
-            ">= 1 and warps 4 or 8 (e.g. 128:3 or 128:1:8)"
+            ">= 1 and warps 4, 8 or 12 (e.g. 128:3 or 128:1:12)"
         )
     return values[0], values[1], values[2] if len(values) == 3 else 4
 
@@ -117,7 +117,9 @@ def build_all(specs: list[str], layers: bool = True, timeout: float = 600) -> in
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("specs", nargs="*", help="HEAD_DIM:MIN_BLOCKS[:WARPS] (default: NARROW and WIDE at 128 and 64)")
+    p.add_argument(
+        "specs", nargs="*", help="HEAD_DIM:MIN_BLOCKS[:WARPS] (default: NARROW, WIDE and WIDE_LONG at 128 and 64)"
+    )
     p.add_argument("--no-layers", action="store_true", help="skip the layer kernels (GEMV, RMSNorm, RoPE)")
     p.add_argument("--timeout", type=float, default=600, help="seconds for all builds together")
     p.add_argument("--one", help=argparse.SUPPRESS)  # a worker: build this one spec here

@@ -128,7 +128,7 @@ def specialization_name(head_dim: int, arch: str, min_blocks: int, warps: int = 
 @functools.lru_cache(maxsize=None)
 def load(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: bool = False, warps: int = 4):
     """Build (or reuse) and import the extension for one head dim; returns the module (decode, pack). warps: of a
-    decode CTA (4; `WIDE` builds 8 with min_blocks 1)."""
+    decode CTA (4; `WIDE` builds 8 and `WIDE_LONG` 12 with min_blocks 1)."""
     from torch.utils.cpp_extension import load as cpp_load
 
     if head_dim not in (64, 128):
@@ -303,15 +303,20 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
     return _SYLVESTER_CHECKED[key]
 
 
-# The decode's two builds, (min_blocks, warps): NARROW, CTAs of 4 warps, up to 3 an SM (two at batch 1, where each row
-# has many splits); WIDE, CTAs of 8 warps, one an SM. At batch 1 an SM's two 4-warp CTAs end their loops apart (its
-# older CTA's warps are issued first) and each writes a partial; one 8-warp CTA streams as fast as the two, and its
-# row has half the partials to merge. WIDE loses where the rows fill the SMs and where a row's splits leave its 8
-# warps one or two groups each; it wins where a row has >= 16 SMs with 8 query rows a KV head, or >= 32 SMs, and for
-# 4 query rows from WIDE_MIN_TOKENS (wide_plan; the timings behind each rule: docs/PERFORMANCE.md, The split plan).
-# KernelOptions(wide_decode=False) keeps every launch on NARROW.
-NARROW, WIDE = (3, 4), (1, 8)
+# The decode's builds, (min_blocks, warps): NARROW, CTAs of 4 warps, up to 3 an SM (two at batch 1, where each row has
+# many splits); WIDE, CTAs of 8 warps, one an SM. At batch 1 an SM's two 4-warp CTAs end their loops apart (its older
+# CTA's warps are issued first) and each writes a partial; one 8-warp CTA streams as fast as the two, and its row has
+# half the partials to merge. WIDE loses where the rows fill the SMs and where a row's splits leave its 8 warps one or
+# two groups each; it wins where a row has >= 16 SMs with 8 query rows a KV head, or >= 32 SMs, and for 4 query rows
+# from WIDE_MIN_TOKENS (wide_plan; the timings behind each rule: docs/PERFORMANCE.md, The split plan). WIDE_LONG, CTAs
+# of 12 warps, one an SM, takes WIDE's plans whose splits hold >= WIDE_LONG_SPLIT_TOKENS tokens (10+ groups a warp:
+# three warps a scheduler hide more of the group step's latency than two; shorter splits leave its warps too few
+# groups). Its CTAs hold one head tile (up to WIDE_LONG_MAX_QUERY_ROWS query rows a KV head: two tiles' ~250 registers
+# a thread do not fit 12 warps in the register file). KernelOptions(wide_decode=False) keeps every launch on NARROW.
+NARROW, WIDE, WIDE_LONG = (3, 4), (1, 8), (1, 12)
 WIDE_MIN_TOKENS = 16384
+WIDE_LONG_SPLIT_TOKENS = 4096
+WIDE_LONG_MAX_QUERY_ROWS = 8
 
 
 def wide_plan(tokens: int, rows: int, sms: int, query_rows: int = 1) -> bool:
@@ -320,6 +325,11 @@ def wide_plan(tokens: int, rows: int, sms: int, query_rows: int = 1) -> bool:
     more query rows (the thinker at batch 2) or >= WIDE_MIN_TOKENS tokens (Qwen3's 8 KV heads at batch 1 from 16K;
     shorter rows' splits leave 8 warps one or two groups each, and NARROW is faster)."""
     return rows * 32 <= sms or (rows * 16 <= sms and (query_rows >= 8 or tokens >= WIDE_MIN_TOKENS))
+
+
+def wide_long(split_tokens: int, query_rows: int) -> bool:
+    """Whether a WIDE plan of splits of `split_tokens` tokens, `query_rows` a KV head, runs on WIDE_LONG's 12 warps."""
+    return split_tokens >= WIDE_LONG_SPLIT_TOKENS and query_rows <= WIDE_LONG_MAX_QUERY_ROWS
 
 
 def specialization(
@@ -390,7 +400,13 @@ def decode_attention(
         min_blocks, warps = NARROW
         split_tokens = split_tokens or INVARIANT_SPLIT_TOKENS
         window_cta, merge_group, order = True, 0, ORDER_ROWS
+    chosen = min_blocks is None and warps is None  # the caller's or the mode's build stays as given
     min_blocks, warps = specialization(x.tokens, rows, num_sms(query.device), min_blocks, warps, x.group * x.lq, wide)
+    if warps > 8 and x.group * x.lq > WIDE_LONG_MAX_QUERY_ROWS:
+        raise ValueError(
+            f"a {warps}-warp decode build holds up to {WIDE_LONG_MAX_QUERY_ROWS} query rows per KV head, got "
+            f"{x.group * x.lq}: use warps=4 or 8"
+        )
     if split_tokens is None:
         if waves is not None:
             slots = num_sms(query.device) * min_blocks
@@ -408,6 +424,8 @@ def decode_attention(
     else:
         splits = -(-x.tokens // split_tokens) if x.tokens else 0
     window_cta = bool(window_cta)
+    if chosen and (min_blocks, warps) == WIDE and wide_long(split_tokens, x.group * x.lq):
+        min_blocks, warps = WIDE_LONG
     if order is None:
         order = cta_order(rows, splits, window_cta, num_sms(query.device) * min_blocks, num_sms(query.device))
     elif order not in (ORDER_ROWS, ORDER_SPECIAL_FIRST, ORDER_SPECIAL_LAST):
@@ -513,8 +531,11 @@ def launch_plan(
     ("row": decode_row_kernel, else decode_split_kernel; recorded per point by `oscar-eval bench`)."""
     x = prepare_decode(query, kv, rotate_query=False, order="frag")
     rows, sms = x.batch * x.kv_heads, num_sms(query.device)
+    chosen = min_blocks is None and warps is None
     min_blocks, warps = specialization(x.tokens, rows, sms, min_blocks, warps, x.group * x.lq, wide)
     split, splits, window_cta = decode_plan(x.tokens, rows, sms, min_blocks, x.residual)
+    if chosen and (min_blocks, warps) == WIDE and wide_long(split, x.group * x.lq):
+        min_blocks, warps = WIDE_LONG
     return {
         "min_blocks": min_blocks,
         "warps": warps,

@@ -101,17 +101,22 @@ def test_sources_compile_for_sm90a(tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: install the CUDA toolkit to compile csrc/")
-def test_wide_decode_compiles_without_spills(tmp_path):
-    # The WIDE build (8-warp CTAs, one an SM: quant/kernels/cuda.py) of the decode kernels, both head dims and both
-    # window dtypes; its register budget (255 a thread) holds the two-tile kernels without local memory.
+@pytest.mark.parametrize("build", ["WIDE", "WIDE_LONG"])
+def test_wide_decode_compiles_without_spills(tmp_path, build):
+    # The wide builds (one CTA an SM: quant/kernels/cuda.py) of the decode kernels, both head dims and both window
+    # dtypes, hold them without local memory: WIDE's 8 warps (255 registers a thread) the two-tile kernels too,
+    # WIDE_LONG's 12 (168) the one-tile kernels, its only ones.
+    min_blocks, warps = getattr(kcuda, build)
     src = '#include "include/oscar_decode.cuh"\n' + "".join(
         f"template cudaError_t oscar::launch_decode<{d}, {t}>(const oscar::DecodeParams&, int, cudaStream_t);\n"
         for d in (64, 128)
         for t in ("__half", "__nv_bfloat16")
     )
-    flags = kcuda.build_flags(128, "90a", *kcuda.WIDE)
-    assert "-DOSCAR_WARPS=8" in flags and "-DOSCAR_MIN_BLOCKS=1" in flags
-    obj, stderr = nvcc_compile("wide_decode", src, [*SM90A, "-DOSCAR_WARPS=8", "-DOSCAR_MIN_BLOCKS=1"], tmp_path)
+    flags = kcuda.build_flags(128, "90a", min_blocks, warps)
+    assert f"-DOSCAR_WARPS={warps}" in flags and "-DOSCAR_MIN_BLOCKS=1" in flags
+    obj, stderr = nvcc_compile(
+        f"wide_decode_w{warps}", src, [*SM90A, f"-DOSCAR_WARPS={warps}", "-DOSCAR_MIN_BLOCKS=1"], tmp_path
+    )
     assert obj.is_file() and obj.stat().st_size > 0, stderr[-4000:]
     spills = [line for line in stderr.splitlines() if "spill stores" in line]
     assert spills and all(line.strip().split()[4] == "0" for line in spills), "\n".join(spills)
@@ -272,6 +277,10 @@ def test_wide_build_takes_the_batch_one_steps(monkeypatch):
     assert kcuda.decode_plan(32640, 4, 132, 1, 64) == (1024, 32, True)  # thinker 1 x 32K
     assert kcuda.decode_plan(130944, 8, 132, 1, 64) == (8320, 16, False)  # Qwen3 1 x 128K: 128 CTAs
     assert kcuda.decode_plan(32640, 8, 132, 1, 64) == (2176, 15, True)  # Qwen3 1 x 32K: 128 CTAs
+    # WIDE's plans of splits of 4096+ tokens run on WIDE_LONG's 12 warps (Qwen3 and the thinker at 1 x 128K), shorter
+    # ones and two head tiles stay on 8
+    assert kcuda.wide_long(8320, 4) and kcuda.wide_long(4096, 8)
+    assert not kcuda.wide_long(2176, 4) and not kcuda.wide_long(1024, 8) and not kcuda.wide_long(8320, 16)
     # 256 threads merge twice the partials a round: the thinker's 32 splits in one level (narrow: 64 splits, two)
     assert kcuda.merge_plan(32, 8, 128, True, 256) == 0 and kcuda.merge_plan(64, 8, 128, True) == 8
 
@@ -372,13 +381,15 @@ def test_cuda_decode_launch_orders_agree_bit_for_bit(window_cta):
 @pytest.mark.cuda_kernels
 @pytest.mark.parametrize("group,d,lq", [(1, 128, 1), (4, 128, 1), (8, 128, 1), (4, 64, 1), (8, 64, 1), (8, 128, 2)])
 def test_wide_decode_matches_oracle(group, d, lq):
-    # The WIDE build (8-warp CTAs, one an SM): many splits with the window folded or in its own CTA, the planner's
-    # split, a two-level merge, and rows of one CTA (decode_row_kernel); mixed lengths, an empty window, Lq 2.
+    # The wide builds (one CTA an SM; WIDE_LONG's 12 warps where the rows fit one head tile, else WIDE's 8): many splits
+    # with the window folded or in its own CTA, the planner's split, a two-level merge, and rows of one CTA
+    # (decode_row_kernel); mixed lengths, an empty window, Lq 2.
     kv = random_packed_kv(3, 2, 1280, 77, d, seed=group + d + lq, device="cuda", rotate_values=False)
     kv_lens, res_lens = [1280, 333, 97], [77, lq - 1, 40]
     q = torch.randn(3, 2 * group, lq, d, generator=torch.Generator().manual_seed(d)).to(torch.bfloat16).cuda()
     ref = attention_f64(q.cpu(), kv, d**-0.5, kv_lens, res_lens)
     budget = relative_error(attention_bf16(q.cpu(), kv, d**-0.5, kv_lens, res_lens), ref)
+    warps = kcuda.WIDE_LONG[1] if group * lq <= kcuda.WIDE_LONG_MAX_QUERY_ROWS else kcuda.WIDE[1]
     for opts in [
         dict(split_tokens=128, window_cta=False),
         dict(split_tokens=128, window_cta=True),
@@ -386,7 +397,8 @@ def test_wide_decode_matches_oracle(group, d, lq):
         dict(split_tokens=128, window_cta=True, merge_group=3),
         dict(split_tokens=1280, window_cta=False),
     ]:
-        out = kcuda.decode_attention(q, kv, d**-0.5, kv_lens=kv_lens, res_lens=res_lens, min_blocks=1, warps=8, **opts)
+        lens = dict(kv_lens=kv_lens, res_lens=res_lens)
+        out = kcuda.decode_attention(q, kv, d**-0.5, **lens, min_blocks=1, warps=warps, **opts)
         assert torch.isfinite(out).all() and relative_error(out, ref) <= 2 * budget, opts
     assert int(kcuda._counters(q.device, 64).count_nonzero()) == 0  # every merge left its counters at zero
 

@@ -9,8 +9,15 @@ from quant.kernels import build, cuda
 
 def test_specs_parse_and_default_to_both_builds():
     assert build.parse_spec("128:3") == (128, 3, 4) and build.parse_spec("64:1:8") == (64, 1, 8)
-    assert build.default_specs() == ["128:3:4", "64:3:4", "128:1:8", "64:1:8"]
-    assert [build.parse_spec(s)[1:] for s in build.default_specs()] == [cuda.NARROW, cuda.NARROW, cuda.WIDE, cuda.WIDE]
+    assert build.default_specs() == ["128:3:4", "64:3:4", "128:1:8", "64:1:8", "128:1:12", "64:1:12"]
+    assert [build.parse_spec(s)[1:] for s in build.default_specs()] == [
+        cuda.NARROW,
+        cuda.NARROW,
+        cuda.WIDE,
+        cuda.WIDE,
+        cuda.WIDE_LONG,
+        cuda.WIDE_LONG,
+    ]
     for bad in ("96:3", "128", "128:0", "128:3:6", "x:3", "128:3:8:1"):
         with pytest.raises(ValueError, match="HEAD_DIM:MIN_BLOCKS"):
             build.parse_spec(bad)
