@@ -476,6 +476,9 @@ def decode_attention(
 WINDOW_TOKEN_WEIGHT = 16 / 3
 
 
+# Memoized: an eager step plans every layer's launch alike, and a plan takes microseconds of Python (_best_plan's
+# search over split counts) that the step's host time would pay once per layer.
+@functools.lru_cache(maxsize=4096)
 def decode_plan(
     tokens: int, rows: int, sms: int, min_blocks: int = 3, residual: int = 0, window_cta: bool | None = None
 ) -> tuple[int, int, bool]:
