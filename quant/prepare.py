@@ -160,9 +160,7 @@ def _invariant_experts(model: nn.Module, kernels: KernelOptions) -> list[tuple[A
     (quant.kernels.triton_moe: pairs sorted by expert on the device, fixed row blocks, no host sync, so CUDA graphs
     capture them) where they compute the model's experts; else transformers' eager loop, one expert at a time over its
     tokens with `linear`, which the mode multiplies in fixed row blocks. Returns what to restore."""
-    configs = [
-        c for c in _configs(model) if getattr(c, "_experts_implementation_internal", None) not in (None, "eager")
-    ]
+    configs = [c for c in _configs(model) if getattr(c, "_experts_implementation_internal", None) is not None]
     if not configs:
         return []
     name = "eager"
@@ -174,6 +172,7 @@ def _invariant_experts(model: nn.Module, kernels: KernelOptions) -> list[tuple[A
         ]
         if experts and all(triton_moe.supports(m) for m in experts):
             name = triton_moe.register()
+    configs = [c for c in configs if c._experts_implementation_internal != name]  # an "eager" one too, on kernels
     before = [(config, config._experts_implementation_internal) for config in configs]
     for config in configs:
         config._experts_implementation_internal = name

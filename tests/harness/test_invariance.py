@@ -80,6 +80,26 @@ def test_kernel_path_rows_are_alone(method, family):
         assert all(r.cost["kernel_steps"] > 0 for r in batched)
 
 
+def test_the_mode_picks_the_experts_whatever_the_model_was_loaded_with():
+    # The thinker's experts in the mode: the Triton ones on the kernel path, also where the model was loaded with
+    # transformers' eager loop; the eager loop on the torch path; every config as it was after the restore.
+    from quant.kernels.triton_moe import NAME
+    from quant.prepare import _configs, _invariant_experts
+
+    model = tiny("qwen3_omni").model
+    moe = [c for c in _configs(model) if getattr(c, "_experts_implementation_internal", None) is not None]
+    assert moe
+    for loaded in ("eager", "grouped_mm"):
+        for backend, want in (("triton", NAME), ("torch", "eager")):
+            for c in moe:
+                c._experts_implementation_internal = loaded
+            before = _invariant_experts(model, KernelOptions(backend=backend))
+            assert all(c._experts_implementation_internal == want for c in moe), (loaded, backend)
+            for config, impl in before:
+                config._experts_implementation_internal = impl
+            assert all(c._experts_implementation_internal == loaded for c in moe)
+
+
 def test_blocked_linear_rows_do_not_depend_on_the_batch():
     g = torch.Generator().manual_seed(0)
     w, bias = torch.randn(96, 80, generator=g), torch.randn(96, generator=g)
