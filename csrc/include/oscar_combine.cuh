@@ -32,7 +32,7 @@ __device__ __forceinline__ int merge_groups(const DecodeParams& p) {
 
 // Whether a launch takes the two-level merge: then the kernel is the kGroups = true instantiation. The one-level
 // kernel (kGroups = false) has no group-merge code at all: compiled in and unused, that code (~2,100 SASS
-// instructions) cost Qwen3 3-4 us a step at batch 1 after the read-only flush, nothing after the dirty one (H100).
+// instructions) slowed batch-1 steps after the read-only flush, its instructions fetched from DRAM.
 __host__ __device__ __forceinline__ bool grouped_launch(const DecodeParams& p) {
   return p.merge_group > 0 && p.window_cta;
 }
@@ -207,14 +207,14 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p) {
 // slot num_splits), CTA x > 0 to quantized split x - 1. Else grid (max(num_splits, 1), B * Hkv): CTA x attends
 // to split x and the last one also to the window first. The last CTA to finish merges all partials
 // (threadFenceReduction pattern). (Letting the window CTA, idle after its window, merge the splits as their flags
-// came up instead ran 2-3 us slower: its polling slowed the split beside it on its SM.)
+// came up instead was slower: its polling slowed the split beside it on its SM.)
 template <int D, int NT, typename T, bool kGroups>
 __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   DecodeSmem<D, NT>& sm = *reinterpret_cast<DecodeSmem<D, NT>*>(smem_raw);
   const int warp = threadIdx.x >> 5;
-  // Window first in its own CTA (its code runs once per step, from a cold instruction cache: 4-13 us, in parallel
-  // with the splits) or folded into the last split's CTA (batched steps, where a slot per row is too dear).
+  // Window first in its own CTA (its code runs once per step, from a cold instruction cache, in parallel with the
+  // splits) or folded into the last split's CTA (batched steps, where a slot per row is too dear).
   const CtaWork cw = cta_work(p);
   const int64_t bh = cw.row;
   const bool window = p.window_cta ? cw.x == 0 : cw.x == static_cast<int>(gridDim.x) - 1;
@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
     ++arrivals;
   }
   // The barrier orders every thread's partial before thread 0's arrival, an acq_rel atomic: it releases them to the
-  // last CTA and, in that one, acquires the other CTAs' (the pattern of CUTLASS's GenericBarrier; a sequentially
-  // consistent fence in every thread, as before, measured 0.3-1.3 us slower). A two-level merge (merge_group
+  // last CTA and, in that one, acquires the other CTAs' (the pattern of CUTLASS's GenericBarrier; cheaper than a
+  // sequentially consistent fence in every thread). A two-level merge (merge_group
   // > 0, the window in its own CTA): a quantized split arrives at its group's counter; the group's last CTA merges the
   // group (combine_group) and arrives, for the group, at the row's counter, where the window's CTA arrives too.
   const int groups = kGroups ? merge_groups(p) : 0;
@@ -258,12 +258,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
 #if OSCAR_WARM_MERGE
   // Row 0's window CTA, done long before the splits, runs the merge's code (the same call site, so the same code)
   // once without storing anything, so that the merging CTA fetches that code from L2 rather than DRAM: a read-only
-  // flush (or a step's weight GEMMs) leaves no kernel code in L2, and Qwen3's 1 x 4K merge took 2.8-3.1 us traced
-  // after it against 1.8-2.1 warm. Measured (H100, three passes, dirty / read-only flush us): the
-  // thinker's 1 x 128K 35.8 / 37.8 -> 36.0 / 35.7, 1 x 4K 13.0 / 14.3 -> 13.3 / 13.9, 16 x 32K (no window CTA; the
-  // build's code) 92.4 / 84.9 -> 92.5 / 83.4. Rows of 4 query rows (Qwen3) are left out: there it cost 1.3 us after
-  // the dirty flush at 1 x 128K and gained nothing. The build's code alone (148 registers where 155 were) moved
-  // LLaVA's 1 x 128K 149.5 -> 146.6 us after the read-only flush and nothing measured the other way.
+  // flush (or a step's weight GEMMs) leaves no kernel code in L2, and a merge's code from DRAM slows it. Rows of 4
+  // query rows (Qwen3) are left out: there it cost time after the dirty flush and gained nothing (docs/PERFORMANCE.md,
+  // "Design choices in the kernel code").
   const bool dry = !sm.last && p.window_cta && window && bh == 0 && p.group * p.lq >= OSCAR_WARM_MERGE_ROWS;
 #else
   constexpr bool dry = false;
@@ -289,9 +286,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_split_k
 // A row of one CTA (one split, the window folded, V's rotation in the weights: the batched plans of short rows, the
 // thinker's 64 x 4K): the split's groups, then the window in the same online-softmax state (one basis), then the row's
 // normalized output, with no partial, no counter and no merge. Window last: every CTA's stream starts at once, where
-// decode_split_kernel's folded window comes first, a phase in which all CTAs read windows (an H100 trace: 6-8 us at the
-// thinker's 64 x 4K, 16.8 MB). A kernel of its own: the same change inside decode_split_kernel cost the
-// plans of several CTAs a row 1-2.5 us after the read-only flush, and window last there measured slower.
+// decode_split_kernel's folded window comes first, a phase in which all CTAs read windows only. A kernel of its own:
+// the same change inside decode_split_kernel slowed the plans of several CTAs a row (docs/PERFORMANCE.md, "Design
+// choices in the kernel code").
 template <int D, int NT, typename T>
 __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_row_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -314,10 +311,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_row_ker
 #endif
 
 // Rows of one CTA up to OSCAR_ROW_KERNEL_TOKENS packed tokens go to decode_row_kernel. Its group loop compiles to ~5%
-// more instructions than decode_split_kernel's (address arithmetic rematerialized), which after the read-only flush
-// costs about 0.5 us per 1K tokens of a row; the window phase and merge it saves are worth 5-9 us (H100, 256 rows,
-// dirty / read-only flush us against decode_split_kernel: 4K -8.4 / -6.0, 8K -8.6 / -3.3, 16K -5.5 / +0.4, 32K
-// -0.3 / +8.8).
+// more instructions than decode_split_kernel's (address arithmetic rematerialized), a cost that grows with the row,
+// against a fixed saving (the window phase and the merge); the limit is where they cross (docs/PERFORMANCE.md,
+// "Design choices in the kernel code").
 __host__ __device__ __forceinline__ bool row_kernel(const DecodeParams& p) {
   return !p.window_cta && p.num_splits == 1 && !p.rotate_out && p.tokens <= OSCAR_ROW_KERNEL_TOKENS;
 }

@@ -31,7 +31,8 @@ struct QueryLoads {
 };
 
 // Issued as volatile asm so that it stays ahead of the cp.async prologue in the SM's request queue: behind a single
-// wave's first burst of stages (15 MB over the chip) a query load waited 5-13 us (an H100 trace).
+// wave's first burst of stages a query load waits for much of it (docs/PERFORMANCE.md, "Design choices in the kernel
+// code").
 template <int D, int NT, typename T>
 __device__ __forceinline__ void query_load(const DecodeParams& p, int b, int h, QueryLoads<D, NT>& ql) {
   using Q = QueryLoads<D, NT>;
@@ -117,7 +118,7 @@ struct GroupSource {
   }
   // The cache is read once per step: marked evict-first in L2, its lines replace each other rather than what else
   // the L2 holds (dirty lines written by earlier kernels, which would otherwise be written back during the step;
-  // the partials and the code). On an H100 at 1x128K: 58.5 -> 52.5 us after do_bench's dirty flush, 50.0 -> 48.5 clean.
+  // the partials and the code).
 #if OSCAR_EVICT_FIRST
   uint64_t policy = l2_evict_first_policy();
   __device__ __forceinline__ void copy(uint32_t dst, const void* src) const { cp_async16_hint(dst, src, policy); }
@@ -128,10 +129,9 @@ struct GroupSource {
 
 // CTA `split` owns tokens [split * split_tokens, + split_tokens); its warps take every kWarps-th 32-token group
 // through a kStages-deep cp.async pipeline. The query's loads go out first, then the first kStages - 1 groups, so
-// the query's rotation and barrier overlap those loads (a CTA's start otherwise has no loads in flight). Query
-// first: its phase 6.1 -> 2.3 us at 1x128K, clean-L2 times -0.7 to -2.5 us, flushed within +-1 us.
-// (A schedule where the warps of a row's CTAs claimed groups from a shared counter was measured three times and
-// ran 10-45% slower each time.)
+// the query's rotation and barrier overlap those loads (a CTA's start otherwise has no loads in flight). (A
+// schedule where the warps of a row's CTAs claimed groups from a shared counter was slower: docs/PERFORMANCE.md,
+// "Design choices in the kernel code".)
 template <int D, int NT, typename T>
 __device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int split, WarpState<D, NT>& w,
                                DecodeSmem<D, NT>& sm) {

@@ -25,9 +25,9 @@
 // K-resident schedule (`kResident`; long prefills with heads == 2 slots, e.g. 8 heads of 128, aligned inputs, token
 // norm on): the CTA's 2 x 4 stages hold K of all its heads at once, so phase 1 sums the norms from shared memory and K
 // is read from DRAM once, in one burst, instead of a register pass plus an L2 re-read; rounds K, K, V, V per slot, each
-// V fetched one round ahead. Same arithmetic in the same order, so the same bits (tests/kernels/test_csrc.py). On an
-// H100 (Qwen3 shapes): 16x32K 1790 -> 1727 us, 64x4K 902 -> 877, 1x128K 458 either way. Build flag OSCAR_PACK_RESIDENT=0
-// turns it off.
+// V fetched one round ahead. Same arithmetic in the same order, so the same bits (tests/kernels/test_csrc.py); faster
+// at long prefills (docs/PERFORMANCE.md, "Design choices in the kernel code"). Build flag OSCAR_PACK_RESIDENT=0 turns
+// it off.
 // Both units load and rotate in the "row layout" (a thread holds 64 channels of one token: 6 of the 7 butterfly
 // stages in registers, one shuffle stage for D = 128). Values stay there: a 32-channel group's min/max is in
 // registers (+ one shuffle) and each 16-bit half of a frag word is the thread's own 8 codes. Keys go through a

@@ -6,7 +6,7 @@
 // kernel's order (torch's differs): results are within transformers' own error against float64, not bit for bit.
 //
 // Why a CUDA kernel beside the Triton one: a Qwen3-8B decode step calls the norm 145 times, and in eager decoding
-// Triton's Python launcher costs more than the kernel (measured on an H100). This launch is one C++ call.
+// Triton's Python launcher costs more than the kernel. This launch is one C++ call.
 //
 // Layout: TPR threads per row (a power of two, 1..256), each holding CHUNKS 16-byte chunks (8 values) of the row in
 // registers: 256 / TPR rows per CTA. Rows are 16-byte aligned with N % 8 == 0 (the binding checks; other inputs go to

@@ -51,7 +51,7 @@ class OScaRConfig(MethodConfig):
     value_rotation: str = "offline"
     token_norm: bool = True
     # [ours] key groups also end at modality boundaries (needs cache.set_modalities). Off by default:
-    # measured ~1% lower key error on mixed sequences for +1.5% scale storage (see harness tni / notes).
+    # every boundary adds a key group's scales and zeros (docs/METHODS.md).
     align_modality_groups: bool = False
     # "integer" z = round(-min / s), as the official framework and CUDA pack round it; "float": the minimum itself
     # (KIVI's convention). Both store the offset zero = -s * z or min; the fused packs here write either.
