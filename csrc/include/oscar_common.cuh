@@ -26,6 +26,9 @@ constexpr int kMaxSplits = 1024;  // split-KV partials per (b, kv head), residua
 #ifndef OSCAR_EVICT_FIRST
 #define OSCAR_EVICT_FIRST 1  // stream the cache with an L2 evict-first policy (0: normal, for A/B)
 #endif
+#ifndef OSCAR_SKELETON
+#define OSCAR_SKELETON 0  // diagnostics (wrong output): 1 the decode's loads without the groups' math, 2 the math alone
+#endif
 constexpr int kStages = OSCAR_STAGES;  // cp.async pipeline depth per warp (32-token groups in flight)
 
 // D = A(16x16, row) * B(16x8, col) + D; f16 inputs, f32 accumulators (mma.sync, sm_80+).

@@ -155,11 +155,15 @@ __device__ void quantized_part(const DecodeParams& p, int b, int64_t bh, int spl
   init_state<D, NT>(w);
   for (int k = 0, gi = first; gi < groups; ++k, gi += kWarps) {
     const int next = gi + kWarps * (kStages - 1);
+#if OSCAR_SKELETON != 2
     if (next < groups) src.issue(stages[(k + kStages - 1) % kStages], next);
+#endif
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
+#if OSCAR_SKELETON != 1
     group_step<D, NT>(stages[k % kStages], qf, qk, w, kv_len - kGroup * gi, p.scale_log2);
+#endif
     __syncwarp();  // the stage is refilled next iteration
   }
   fold_values<D, NT>(w);

@@ -125,8 +125,18 @@ def specialization_name(head_dim: int, arch: str, min_blocks: int, warps: int = 
     return f"oscar_d{head_dim}_sm{arch}_b{min_blocks}{f'_w{warps}' if warps != 4 else ''}_{h.hexdigest()[:12]}"
 
 
-@functools.lru_cache(maxsize=None)
 def load(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: bool = False, warps: int = 4):
+    """The extension for one head dim (`build`), imported once per process for these arguments and the experiment
+    flags (OSCAR_KERNEL_FLAGS): a benchmark that changes the flags between calls gets each one's build."""
+    return _loaded(head_dim, arch, min_blocks, verbose, warps, os.environ.get("OSCAR_KERNEL_FLAGS", ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded(head_dim: int, arch: str | None, min_blocks: int, verbose: bool, warps: int, flags: str):
+    return build(head_dim, arch, min_blocks, verbose, warps)
+
+
+def build(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: bool = False, warps: int = 4):
     """Build (or reuse) and import the extension for one head dim; returns the module (decode, pack). warps: of a
     decode CTA (4; `WIDE` builds 8 and `WIDE_LONG` 12 with min_blocks 1)."""
     from torch.utils.cpp_extension import load as cpp_load

@@ -50,11 +50,11 @@ def test_a_build_not_in_the_cache_is_announced_once_built_it_is_not(tmp_path, mo
         return name
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", fake_load)
-    name = cuda.load.__wrapped__(128, arch="90a")  # past the lru_cache: each call is a process's first
+    name = cuda.build(128, arch="90a")  # past load's cache: each call is a process's first
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"building the CUDA decode and pack kernels for head dim 128 ({name})" in err
     assert "about a minute, once" in err and str(tmp_path) in err
-    assert cuda.load.__wrapped__(128, arch="90a") == name and capsys.readouterr().err == ""
+    assert cuda.build(128, arch="90a") == name and capsys.readouterr().err == ""
     layers = cuda.load_layers.__wrapped__(arch="90a")
     assert "building the CUDA layer kernels" in capsys.readouterr().err and cuda.is_built(layers)
     assert loads == [name, name, layers]  # torch's loader still runs: it reuses the build, with no nvcc
@@ -73,3 +73,21 @@ def test_the_parallel_build_names_only_what_is_not_cached(tmp_path, monkeypatch)
         (tmp_path / name / f"{name}.so").write_bytes(b"")
     assert build.build_notice(specs, "90a").startswith("building layers for sm_90a")
     assert build.build_notice(specs[:2], "90a") is None
+
+
+def test_load_takes_the_build_of_the_flags_in_force(tmp_path, monkeypatch):
+    # A benchmark that sets OSCAR_KERNEL_FLAGS between calls in one process times each experiment's build, not the
+    # first one it imported.
+    monkeypatch.setenv("OSCAR_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda name, **kwargs: name)
+    monkeypatch.delenv("OSCAR_KERNEL_FLAGS", raising=False)
+    cuda._loaded.cache_clear()
+    try:
+        base = cuda.load(128, arch="90a", min_blocks=2)
+        monkeypatch.setenv("OSCAR_KERNEL_FLAGS", "-DOSCAR_STAGES=5")
+        stages5 = cuda.load(128, arch="90a", min_blocks=2)
+        assert stages5 == cuda.specialization_name(128, "90a", 2) != base
+        monkeypatch.delenv("OSCAR_KERNEL_FLAGS")
+        assert cuda.load(128, arch="90a", min_blocks=2) == base
+    finally:
+        cuda._loaded.cache_clear()  # no fake module stays cached for later tests
