@@ -323,18 +323,33 @@ def _is_sylvester(hd: torch.Tensor) -> bool:
 # three warps a scheduler hide more of the group step's latency than two; shorter splits leave its warps too few
 # groups). Its CTAs hold one head tile (up to WIDE_LONG_MAX_QUERY_ROWS query rows a KV head: two tiles' ~250 registers
 # a thread do not fit 12 warps in the register file). KernelOptions(wide_decode=False) keeps every launch on NARROW.
+# Steps of up to a quarter as many rows as SMs whose rows are long (`long_rows`: LLaVA's 32 KV heads at 1 x 128K) take
+# the wide builds too, in one wave of sms // rows splits a row: there NARROW's two CTAs an SM end apart and the SM
+# idles through the second's tail, while one 12-warp CTA streams the same tokens to the end.
 NARROW, WIDE, WIDE_LONG = (3, 4), (1, 8), (1, 12)
 WIDE_MIN_TOKENS = 16384
 WIDE_LONG_SPLIT_TOKENS = 4096
 WIDE_LONG_MAX_QUERY_ROWS = 8
+WIDE_LONG_ROW_TOKENS = 16384
+
+
+def long_rows(tokens: int, rows: int, sms: int) -> bool:
+    """Whether `rows` rows of `tokens` packed tokens fill one wave of one CTA an SM (at least 4 SMs a row) with splits
+    of at least WIDE_LONG_ROW_TOKENS tokens (`decode_plan` then plans that wave for the wide builds)."""
+    return 4 * rows <= sms and tokens >= WIDE_LONG_ROW_TOKENS * (sms // rows)
 
 
 def wide_plan(tokens: int, rows: int, sms: int, query_rows: int = 1) -> bool:
     """Whether a step of `rows` (batch x KV heads) of `tokens` packed tokens, `query_rows` (GQA group x Lq) a row, takes
     the WIDE build: at least 32 SMs a row (the thinker's 4 KV heads at batch 1); or at least 16 SMs a row with 8 or
     more query rows (the thinker at batch 2) or >= WIDE_MIN_TOKENS tokens (Qwen3's 8 KV heads at batch 1 from 16K;
-    shorter rows' splits leave 8 warps one or two groups each, and NARROW is faster)."""
-    return rows * 32 <= sms or (rows * 16 <= sms and (query_rows >= 8 or tokens >= WIDE_MIN_TOKENS))
+    shorter rows' splits leave 8 warps one or two groups each, and NARROW is faster); or `long_rows` of one head tile
+    (their splits then run on WIDE_LONG, `wide_long`)."""
+    return (
+        rows * 32 <= sms
+        or (rows * 16 <= sms and (query_rows >= 8 or tokens >= WIDE_MIN_TOKENS))
+        or (query_rows <= WIDE_LONG_MAX_QUERY_ROWS and long_rows(tokens, rows, sms))
+    )
 
 
 def wide_long(split_tokens: int, query_rows: int) -> bool:
@@ -403,48 +418,46 @@ def decode_attention(
             f"(Hq / Hkv) * Lq = {x.group * x.lq} query rows per KV head exceed the 16 rows of one "
             "tensor-core tile: use backend='triton' or fewer speculative tokens"
         )
-    rows = x.batch * x.kv_heads
+    rows, sms, query_rows = x.batch * x.kv_heads, num_sms(query.device), x.group * x.lq
     if invariant:  # one plan for any batch: NARROW, fixed splits, the window's own CTA, a one-level merge
         from quant.kernels import INVARIANT_SPLIT_TOKENS
 
         min_blocks, warps = NARROW
         split_tokens = split_tokens or INVARIANT_SPLIT_TOKENS
         window_cta, merge_group, order = True, 0, ORDER_ROWS
-    chosen = min_blocks is None and warps is None  # the caller's or the mode's build stays as given
-    min_blocks, warps = specialization(x.tokens, rows, num_sms(query.device), min_blocks, warps, x.group * x.lq, wide)
-    if warps > 8 and x.group * x.lq > WIDE_LONG_MAX_QUERY_ROWS:
-        raise ValueError(
-            f"a {warps}-warp decode build holds up to {WIDE_LONG_MAX_QUERY_ROWS} query rows per KV head, got "
-            f"{x.group * x.lq}: use warps=4 or 8"
+    if split_tokens is None and waves is None:
+        min_blocks, warps, split_tokens, splits, window_cta = plan_launch(
+            x.tokens, rows, sms, query_rows, x.residual, min_blocks, warps, wide, window_cta
         )
-    if split_tokens is None:
-        if waves is not None:
-            slots = num_sms(query.device) * min_blocks
+    else:
+        chosen = min_blocks is None and warps is None  # the caller's or the mode's build stays as given
+        min_blocks, warps = specialization(x.tokens, rows, sms, min_blocks, warps, query_rows, wide)
+        if split_tokens is None:
+            slots = sms * min_blocks
             window_cta = separate_window(rows, slots) if window_cta is None else window_cta
             split_tokens, splits = choose_split(
                 x.tokens, rows, 128, max(slots - rows, rows) if window_cta else slots, waves
             )
+            split_tokens, splits = within_merge(x.tokens, split_tokens, splits)
         else:
-            split_tokens, splits, window_cta = decode_plan(
-                x.tokens, rows, num_sms(query.device), min_blocks, x.residual, window_cta
-            )
-        while splits + 1 > 1024:  # the merge's limit
-            split_tokens *= 2
-            splits = -(-x.tokens // split_tokens)
-    else:
-        splits = -(-x.tokens // split_tokens) if x.tokens else 0
+            splits = -(-x.tokens // split_tokens) if x.tokens else 0
+        if chosen and (min_blocks, warps) == WIDE and wide_long(split_tokens, query_rows):
+            min_blocks, warps = WIDE_LONG
+    if warps > 8 and query_rows > WIDE_LONG_MAX_QUERY_ROWS:
+        raise ValueError(
+            f"a {warps}-warp decode build holds up to {WIDE_LONG_MAX_QUERY_ROWS} query rows per KV head, got "
+            f"{query_rows}: use warps=4 or 8"
+        )
     window_cta = bool(window_cta)
-    if chosen and (min_blocks, warps) == WIDE and wide_long(split_tokens, x.group * x.lq):
-        min_blocks, warps = WIDE_LONG
     if order is None:
-        order = cta_order(rows, splits, window_cta, num_sms(query.device) * min_blocks, num_sms(query.device))
+        order = cta_order(rows, splits, window_cta, sms * min_blocks, sms)
     elif order not in (ORDER_ROWS, ORDER_SPECIAL_FIRST, ORDER_SPECIAL_LAST):
         raise ValueError(
             f"order must be {ORDER_ROWS} (row by row), {ORDER_SPECIAL_FIRST} (each row's window or "
             f"window-carrying CTA first) or {ORDER_SPECIAL_LAST} (those last), got {order!r}"
         )
     if merge_group is None:
-        merge_group = merge_plan(splits, x.group * x.lq, x.head_dim, window_cta, 32 * warps)
+        merge_group = merge_plan(splits, query_rows, x.head_dim, window_cta, 32 * warps)
     elif merge_group < 0:
         raise ValueError(f"merge_group must be >= 0, got {merge_group}")
     groups = -(-splits // merge_group) if merge_group and window_cta else 0
@@ -507,8 +520,12 @@ def decode_plan(
     Where `separate_window` gives the window its own CTA, the best one-wave plan with the window folded competes too,
     and wins where its slowest SM ends sooner and its grid puts more than one CTA on an SM: at LLaVA 1 x 128K, fewer
     and longer splits two to an SM beat more splits plus window CTAs that put three on most SMs. Folded plans of one
-    CTA an SM (8K tokens and less) lose to the window's own CTA, so they stay out. The timings behind each rule:
+    CTA an SM (8K tokens and less) lose to the window's own CTA, so they stay out. For the wide builds (min_blocks 1),
+    `long_rows` take one wave of sms // rows splits, the window folded. The timings behind each rule:
     docs/PERFORMANCE.md, The split plan."""
+    if min_blocks == 1 and long_rows(tokens, rows, sms):  # one wave, the window folded unless asked otherwise
+        split = -(-tokens // (sms // rows * 128)) * 128
+        return split, -(-tokens // split), bool(window_cta)
     slots = sms * min_blocks
     auto = window_cta is None
     if auto:
@@ -536,6 +553,37 @@ def decode_plan(
     return split, n, window_cta
 
 
+def plan_launch(
+    tokens: int,
+    rows: int,
+    sms: int,
+    query_rows: int,
+    residual: int,
+    min_blocks: int | None = None,
+    warps: int | None = None,
+    wide: bool = True,
+    window_cta: bool | None = None,
+) -> tuple[int, int, int, int, bool]:
+    """The planner's launch, (min_blocks, warps, split_tokens, num_splits, window_cta): the build (`specialization`;
+    a WIDE plan of long splits moves to WIDE_LONG, `wide_long`, unless the caller gave the build) and its split plan
+    (`decode_plan`, within the merge's limit)."""
+    chosen = min_blocks is None and warps is None
+    min_blocks, warps = specialization(tokens, rows, sms, min_blocks, warps, query_rows, wide)
+    split, splits, window_cta = decode_plan(tokens, rows, sms, min_blocks, residual, window_cta)
+    split, splits = within_merge(tokens, split, splits)
+    if chosen and (min_blocks, warps) == WIDE and wide_long(split, query_rows):
+        min_blocks, warps = WIDE_LONG
+    return min_blocks, warps, split, splits, window_cta
+
+
+def within_merge(tokens: int, split_tokens: int, splits: int) -> tuple[int, int]:
+    """Splits doubled until a row's partials (its splits and the window's) fit the merge's 1024."""
+    while splits + 1 > 1024:
+        split_tokens *= 2
+        splits = -(-tokens // split_tokens)
+    return split_tokens, splits
+
+
 def launch_plan(
     query: torch.Tensor, kv: PackedKV, min_blocks: int | None = None, warps: int | None = None, wide: bool = True
 ) -> dict:
@@ -544,11 +592,9 @@ def launch_plan(
     ("row": decode_row_kernel, else decode_split_kernel; recorded per point by `oscar-eval bench`)."""
     x = prepare_decode(query, kv, rotate_query=False, order="frag")
     rows, sms = x.batch * x.kv_heads, num_sms(query.device)
-    chosen = min_blocks is None and warps is None
-    min_blocks, warps = specialization(x.tokens, rows, sms, min_blocks, warps, x.group * x.lq, wide)
-    split, splits, window_cta = decode_plan(x.tokens, rows, sms, min_blocks, x.residual)
-    if chosen and (min_blocks, warps) == WIDE and wide_long(split, x.group * x.lq):
-        min_blocks, warps = WIDE_LONG
+    min_blocks, warps, split, splits, window_cta = plan_launch(
+        x.tokens, rows, sms, x.group * x.lq, x.residual, min_blocks, warps, wide
+    )
     return {
         "min_blocks": min_blocks,
         "warps": warps,

@@ -259,14 +259,17 @@ def test_wide_build_is_its_own_specialization():
 def test_wide_build_takes_the_batch_one_steps(monkeypatch):
     # On by default; wide=False (KernelOptions.wide_decode) keeps every launch narrow. With 132 SMs: the thinker's 4 KV
     # heads at batch 1 (>= 32 SMs a row) at every length, and at batch 2 (16.5 SMs a row, 8 query rows a KV head) too;
-    # Qwen3's 8 (4 query rows) from 16K packed tokens (at 4K the narrow build measured faster); LLaVA's 32 and steps of
-    # 16 or more rows stay narrow (as measured on an H100).
+    # Qwen3's 8 (4 query rows) from 16K packed tokens (at 4K the narrow build measured faster); steps of 16 or more rows
+    # stay narrow (as measured on an H100) unless their rows are long: up to 33 rows of one head tile whose one-wave
+    # splits hold 16K+ tokens (LLaVA's 32 KV heads at 1 x 128K, measured on an H200).
     spec = kcuda.specialization
     assert spec(130944, 4, 132, query_rows=8, wide=False) == kcuda.NARROW
     assert spec(3968, 4, 132, query_rows=8) == kcuda.WIDE == (1, 8) and spec(130944, 4, 132) == kcuda.WIDE
     assert spec(3968, 8, 132, query_rows=4) == kcuda.NARROW == (3, 4) and spec(32640, 8, 132) == kcuda.WIDE
     assert spec(3968, 8, 132, query_rows=8) == kcuda.WIDE  # the thinker's 2 x 4K
-    assert spec(130944, 32, 132) == kcuda.NARROW and spec(32640, 64, 132) == kcuda.NARROW
+    assert spec(32640, 32, 132) == kcuda.NARROW and spec(130944, 64, 132) == kcuda.NARROW
+    assert spec(130944, 32, 132) == kcuda.WIDE and spec(130944, 32, 132, query_rows=16) == kcuda.NARROW
+    assert spec(130944, 16, 132, query_rows=4) == kcuda.NARROW  # Qwen3 2 x 128K: splits of 16,368 tokens
     assert spec(32640, 16, 132, query_rows=4) == kcuda.NARROW  # two sequences of Qwen3: 8 SMs a row
     assert spec(7936, 16, 132, query_rows=8) == kcuda.NARROW  # the thinker's 4 x 8K
     # a caller's choice stands; the other half of the pair comes from NARROW
@@ -277,6 +280,9 @@ def test_wide_build_takes_the_batch_one_steps(monkeypatch):
     assert kcuda.decode_plan(32640, 4, 132, 1, 64) == (1024, 32, True)  # thinker 1 x 32K
     assert kcuda.decode_plan(130944, 8, 132, 1, 64) == (8320, 16, False)  # Qwen3 1 x 128K: 128 CTAs
     assert kcuda.decode_plan(32640, 8, 132, 1, 64) == (2176, 15, True)  # Qwen3 1 x 32K: 128 CTAs
+    assert kcuda.decode_plan(130944, 32, 132, 1, 64) == (32768, 4, False)  # LLaVA 1 x 128K: one wave, 128 CTAs
+    assert kcuda.plan_launch(130944, 32, 132, 1, 64) == (*kcuda.WIDE_LONG, 32768, 4, False)
+    assert kcuda.plan_launch(130944, 32, 132, 1, 64, wide=False)[:2] == kcuda.NARROW
     # WIDE's plans of splits of 4096+ tokens run on WIDE_LONG's 12 warps (Qwen3 and the thinker at 1 x 128K), shorter
     # ones and two head tiles stay on 8
     assert kcuda.wide_long(8320, 4) and kcuda.wide_long(4096, 8)

@@ -82,13 +82,17 @@ def test_cuda_decode_one_long_split_per_row(tokens, group, lq, d, build):
 
 @pytest.mark.cuda_kernels
 def test_cuda_decode_planned_splits_long_rows():
-    # The planner's own split at a bench-like point (4 x 32K of Qwen3-8B's 8 KV heads: one or two long splits a row)
-    # and at a batch-1 row of many splits, both within the rule.
+    # The planner's own split at a bench-like point (4 x 32K of Qwen3-8B's 8 KV heads: one or two long splits a row),
+    # at a batch-1 row of many splits, and at long rows of one query row a KV head (LLaVA-like: on 132 SMs one wave of
+    # 12-warp CTAs, 4 splits of 16K tokens a row, the window folded), all within the rule.
     from quant.kernels import cuda as kcuda
+    from quant.kernels.common import num_sms
 
-    for b, hkv, t in ((4, 8, 32640), (1, 8, 32640)):
+    for b, hkv, group, t in ((4, 8, 4, 32640), (1, 8, 4, 32640), (1, 33, 1, 65536)):
         kv, g = issue_cache(b, hkv, t, 128, seed=b * t)
-        q = torch.randn(b, 4 * hkv, 1, 128, device="cuda", generator=g).to(torch.bfloat16)
+        q = torch.randn(b, group * hkv, 1, 128, device="cuda", generator=g).to(torch.bfloat16)
+        if group == 1 and num_sms(q.device) == 132:
+            assert kcuda.launch_plan(q, kv)["warps"] == kcuda.WIDE_LONG[1]
         check_rule(kcuda.decode_attention(q, kv, 128**-0.5), q, kv, 128**-0.5, f"{b} x {t} planned")
 
 
