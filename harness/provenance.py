@@ -1,8 +1,8 @@
 """Which code computed a result, and whether a result still matches the code and presets of this checkout.
 
 A result records a digest of each part of the code it ran (`code_parts`): the method (its module, the cache it runs
-in and what they import), the task, and the model path (the adapter and the eval loop), plus the kernels where a
-kernel backend ran.
+in and what they import), the task, the model path (the adapter and the eval loop), the model's preparation for the
+method (`PREPARE`), plus the kernels where a kernel backend ran.
 A digest covers the module's syntax tree without docstrings, so comments, docstrings and formatting do not count, and
 every module it imports at module level inside this project, transitively. `stale_reasons` compares a result with
 the checkout: its config against its preset, its task version, each code part; `oscar-eval eval` reruns a stale
@@ -27,6 +27,13 @@ LOOP = ("harness.run", "harness.runner", "harness.scoring")
 CACHE = ("quant.cache", "quant.fold", "quant.attention", "quant.kernels.hf_decode")
 # Kernel backends: their Python side and the CUDA sources they build.
 KERNELS = "quant.kernels"
+# What the runner imports when a run starts rather than at module level, so no other part's closure reaches it: the
+# model prepared for the method (quant.prepare: folding, the attention hook, the layer kernels, the batch-invariant
+# mode) with what it imports.
+PREPARE = ("quant.prepare",)
+# Parts that results recorded before the part existed lack: such a result is compared on the parts it records (a
+# new part would otherwise stale every committed result at once); runs from then on record it and are compared on it.
+LATER_PARTS = ("prepare",)
 
 
 @lru_cache(maxsize=None)
@@ -175,6 +182,7 @@ def code_parts(
         "method": digest(closure([method_module, *CACHE])),
         "task": digest(closure([task_module])),
         "model": digest(closure(model_roots)),
+        "prepare": digest(closure(list(PREPARE))),
     }
     if backend != "torch":
         parts["kernels"] = digest(kernel_files())
@@ -264,5 +272,6 @@ def code_changes(result: dict[str, Any], now: dict[str, str]) -> list[str]:
     recorded, commit = result.get("code"), (result["environment"].get("git_commit") or "?")[:8]
     if recorded is None:
         return [f"records no code fingerprint (ran at {commit})"]
-    changed = [part for part in sorted(set(recorded) | set(now)) if recorded.get(part) != now.get(part)]
+    parts = set(recorded) | {part for part in now if part not in LATER_PARTS}
+    changed = [part for part in sorted(parts) if recorded.get(part) != now.get(part)]
     return [f"{', '.join(changed)} code changed since {commit}"] if changed else []

@@ -45,7 +45,7 @@ def test_the_closure_follows_module_level_imports_only():
 def test_parts_name_the_code_of_a_run_and_the_kernels_only_on_a_kernel_backend():
     cpu = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text.adapter")
     gpu = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text.adapter", backend="cuda")
-    assert set(cpu) == {"method", "task", "model"} and set(gpu) == {*cpu, "kernels"}
+    assert set(cpu) == {"method", "task", "model", "prepare"} and set(gpu) == {*cpu, "kernels"}
     assert {k: gpu[k] for k in cpu} == cpu
     assert any(name.startswith("csrc/") for name in P.kernel_files())
     # a random-weight model path goes through the builder of its weights too
@@ -74,3 +74,19 @@ def test_stale_reasons_name_the_config_the_code_and_the_commit():
     assert P.preset_drift(tweaked) is None  # what its name says
     tweaked["method"]["config"]["group_size"] = 128
     assert "group_size 128 -> 64" in P.preset_drift(tweaked)
+
+
+def test_the_preparation_is_a_part_that_older_results_lack():
+    # quant.prepare (folding, the attention hook, the layer kernels) is imported when a run starts, so no other
+    # part's closure reaches it: its own part. A result recorded before the part existed is compared on the parts it
+    # records; one that records it goes stale when it changes.
+    files = P.closure(list(P.PREPARE))
+    assert {"quant.prepare", "quant.invariant", "quant.fold"} <= set(files)
+    assert "quant.prepare" not in P.closure(["harness.run", "harness.runner", "harness.scoring"])
+    committed = json.loads((ROOT / "results/runs/ppl/smollm2-135m/oscar.json").read_text())
+    now = P.current_parts(committed)
+    older = {part: digest for part, digest in now.items() if part != "prepare"}
+    assert P.code_changes({**committed, "code": older}, now) == []
+    changed = {**now, "prepare": "sha256:0000000000000000"}
+    commit = committed["environment"]["git_commit"][:8]
+    assert P.code_changes({**committed, "code": changed}, now) == [f"prepare code changed since {commit}"]

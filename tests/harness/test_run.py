@@ -148,7 +148,7 @@ def test_a_tweaked_or_partial_run_never_takes_a_presets_name(tmp_path, adapter, 
         "bits": 2.0,
     }
     assert (part["task"]["n_items"], part["task"]["n_total"], part["task"]["limit"]) == (1, items, 1)
-    assert whole["task"]["n_total"] == items and set(whole["code"]) == {"method", "task", "model"}
+    assert whole["task"]["n_total"] == items and set(whole["code"]) == {"method", "task", "model", "prepare"}
 
 
 def test_a_result_of_other_code_reruns_and_a_killed_forced_run_resumes(tmp_path, adapter, task, capsys):
