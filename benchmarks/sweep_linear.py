@@ -6,7 +6,7 @@ streams every weight once, so none is in L2 when its GEMM starts). Prints a tabl
 
 rows 0 is `rows_per_cta`'s choice. "gate_up" is the MLP's silu(gate(x)) * up(x): torch's four kernels against one;
 "qkv" the attention's three projections of one input: torch's three GEMMs against one launch.
-Bandwidth is weight bytes / time (the copy bandwidth, read + written, is ~3.0 TB/s on an H100).
+Bandwidth is weight bytes / time (compare the GPU's copy bandwidth, `copy_bandwidth_Bps` in results/bench/<gpu>.json).
 """
 
 from __future__ import annotations

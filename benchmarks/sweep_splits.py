@@ -11,8 +11,8 @@ With --trace, the planned launch also records per-CTA %globaltimer stamps (start
 done, partial written and counted, merge done) and the table gets a timeline summary (microseconds from the
 first CTA's start): when CTAs start, how long their phases take, when the merges end. The traced launch follows
 two warm launches (kernel code and some data in L2); with --trace-flush it follows a read-only flush instead, the
-state of the clean-L2 timing and of a model's step (on the H100, Qwen3 1 x 4K's merge takes 1.8-2.1 us warm and
-2.8-3.1 after the flush, its code coming from DRAM).
+state of the clean-L2 timing and of a model's step, where the merge's code comes from DRAM (docs/PERFORMANCE.md,
+"Design choices in the kernel code").
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ divisibility hints a real launch specializes on (16-byte aligned tensors, T and 
 window's strides multiples of D): without them the tl order's scale loads cannot be shown aligned and are neither
 vectorized nor cp.async-staged (1182 instructions per block instead of 771 under Triton 3.6). The counts showed
 where the natural-order loop spent its instructions and guided the design of the tl order (docs/KERNELS.md). They
-are a guide to what the GPU will do, not a time: the tl order's 2.4x fewer instructions per block than the
-natural-order loop gave 1.95-2.4x on the H100, and smaller cuts have given less than they promised.
+are a guide to what the GPU will do, not a time: smaller cuts have given less than they promised (the timings:
+docs/PERFORMANCE.md, The Triton decode).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 // Decode-time linear layers: out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]) for a few rows m of x, the shape of
 // every projection in a decode step (quant/kernels/fused_linear.py). A step at batch 1 reads each weight once and
 // does two flops per byte pair, so the GEMV is a stream of the weights; cuBLAS runs it as a split-K GEMM plus a
-// reduction kernel for most of Qwen3-8B's shapes (H100 traces). Here one CTA owns ROWS output rows and all of K:
+// reduction kernel for most of Qwen3-8B's shapes (docs/PERFORMANCE.md, Layer kernels). Here one CTA owns ROWS output rows and all of K:
 // its threads stride over K with 16-byte weight loads issued kUnroll iterations ahead, accumulate in float32,
 // and reduce across the CTA, so each output is written once, rounded once, with no second kernel.
 //

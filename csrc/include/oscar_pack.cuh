@@ -37,9 +37,8 @@
 // Divisions by s, n_t and 3 are the exact IEEE quotient from a precomputed correctly rounded reciprocal and one fma
 // correction (Markstein); see div_rn / qbits for the CPU checks that back this.
 //
-// Cost (SASS of the D = 128 bf16 kernel, rotation + token norm, hot path): ~30 instructions per key element, ~22 per
-// value element, ~1 more per element for phase 1, against ~46 per element of issue at 50% of an H100's copy
-// bandwidth. Whole-kernel logic checked on the CPU: this file compiled for the host with the inline-asm helpers
+// Cost: the hot path's instructions per element stay under the issue budget of streaming at half the copy bandwidth
+// (the counts: docs/PERFORMANCE.md, Pack). Whole-kernel logic checked on the CPU: this file compiled for the host with the inline-asm helpers
 // (cp.async, fma.sat, bar.sync) and warp shuffles emulated (one std::thread per CUDA thread), outputs
 // bit-equal to a float32 numpy model of the semantics above for D = 64 / 128, fp16 / bf16 / fp32 inputs, aligned and
 // unaligned strides, 1..32 heads, split and whole-head grids, constant groups, zero tokens, fp16-overflowing zeros.

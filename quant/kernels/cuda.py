@@ -425,24 +425,9 @@ def decode_attention(
         min_blocks, warps = NARROW
         split_tokens = split_tokens or INVARIANT_SPLIT_TOKENS
         window_cta, merge_group, order = True, 0, ORDER_ROWS
-    if split_tokens is None and waves is None:
-        min_blocks, warps, split_tokens, splits, window_cta = plan_launch(
-            x.tokens, rows, sms, query_rows, x.residual, min_blocks, warps, wide, window_cta
-        )
-    else:
-        chosen = min_blocks is None and warps is None  # the caller's or the mode's build stays as given
-        min_blocks, warps = specialization(x.tokens, rows, sms, min_blocks, warps, query_rows, wide)
-        if split_tokens is None:
-            slots = sms * min_blocks
-            window_cta = separate_window(rows, slots) if window_cta is None else window_cta
-            split_tokens, splits = choose_split(
-                x.tokens, rows, 128, max(slots - rows, rows) if window_cta else slots, waves
-            )
-            split_tokens, splits = within_merge(x.tokens, split_tokens, splits)
-        else:
-            splits = -(-x.tokens // split_tokens) if x.tokens else 0
-        if chosen and (min_blocks, warps) == WIDE and wide_long(split_tokens, query_rows):
-            min_blocks, warps = WIDE_LONG
+    min_blocks, warps, split_tokens, splits, window_cta = plan_launch(
+        x.tokens, rows, sms, query_rows, x.residual, min_blocks, warps, wide, window_cta, split_tokens, waves
+    )
     if warps > 8 and query_rows > WIDE_LONG_MAX_QUERY_ROWS:
         raise ValueError(
             f"a {warps}-warp decode build holds up to {WIDE_LONG_MAX_QUERY_ROWS} query rows per KV head, got "
@@ -563,25 +548,32 @@ def plan_launch(
     warps: int | None = None,
     wide: bool = True,
     window_cta: bool | None = None,
+    split_tokens: int | None = None,
+    waves: float | None = None,
 ) -> tuple[int, int, int, int, bool]:
     """The planner's launch, (min_blocks, warps, split_tokens, num_splits, window_cta): the build (`specialization`;
-    a WIDE plan of long splits moves to WIDE_LONG, `wide_long`, unless the caller gave the build) and its split plan
-    (`decode_plan`, within the merge's limit)."""
+    a WIDE plan of long splits moves to WIDE_LONG, `wide_long`, unless the caller gave the build) and its split plan:
+    the given split_tokens (the window as given), a plan of `waves` waves of the resident CTAs (`choose_split`), or
+    `decode_plan`'s; a planned one within the merge's 1024 partials a row."""
     chosen = min_blocks is None and warps is None
     min_blocks, warps = specialization(tokens, rows, sms, min_blocks, warps, query_rows, wide)
-    split, splits, window_cta = decode_plan(tokens, rows, sms, min_blocks, residual, window_cta)
-    split, splits = within_merge(tokens, split, splits)
-    if chosen and (min_blocks, warps) == WIDE and wide_long(split, query_rows):
+    if split_tokens is not None:
+        splits = -(-tokens // split_tokens) if tokens else 0
+    else:
+        if waves is not None:
+            slots = sms * min_blocks
+            window_cta = separate_window(rows, slots) if window_cta is None else window_cta
+            split_tokens, splits = choose_split(
+                tokens, rows, 128, max(slots - rows, rows) if window_cta else slots, waves
+            )
+        else:
+            split_tokens, splits, window_cta = decode_plan(tokens, rows, sms, min_blocks, residual, window_cta)
+        while splits + 1 > 1024:  # the merge's limit
+            split_tokens *= 2
+            splits = -(-tokens // split_tokens)
+    if chosen and (min_blocks, warps) == WIDE and wide_long(split_tokens, query_rows):
         min_blocks, warps = WIDE_LONG
-    return min_blocks, warps, split, splits, window_cta
-
-
-def within_merge(tokens: int, split_tokens: int, splits: int) -> tuple[int, int]:
-    """Splits doubled until a row's partials (its splits and the window's) fit the merge's 1024."""
-    while splits + 1 > 1024:
-        split_tokens *= 2
-        splits = -(-tokens // split_tokens)
-    return split_tokens, splits
+    return min_blocks, warps, split_tokens, splits, window_cta
 
 
 def launch_plan(
