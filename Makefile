@@ -46,6 +46,10 @@ $(STAMP): pyproject.toml Makefile
 	# (filelock<4: 0.7.3 imports filelock._api, gone in 4.x; pytablewriter prints its results table).
 	$(BIN)/pip install -q --no-deps lmms-eval==0.7.3
 	$(BIN)/pip install -q loguru sacrebleu evaluate pytz tenacity datasets "filelock<4" pytablewriter
+	# lm-eval (docs/LM_EVAL.md) bare too: what it declares besides serves only its own task folders. Its command needs
+	# what the line above installs (sacrebleu, pytablewriter), plus sqlitedict for --use_cache.
+	$(BIN)/pip install -q --no-deps lm_eval==0.4.13
+	$(BIN)/pip install -q sqlitedict
 	touch $(STAMP)
 
 eval: setup

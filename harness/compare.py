@@ -7,7 +7,8 @@ baseline under results/baselines/ (a result file copied there on purpose).
 Reports, for the chosen metric (default: A's primary metric), delta = B - A in total and per category
 with paired-bootstrap intervals and p-values (items matched by id, the task's own aggregate as the
 statistic), McNemar's exact test and the items that flipped when per-item scores are 0/1, or the
-largest per-item changes otherwise.
+largest per-item changes otherwise; for tasks that generate, the share of items whose generated tokens are equal and
+the mean first divergent step over the others (harness.stats.token_agreement).
 
 The gate, on by default: exit 1 when B is worse than A by more than the allowed drop (--max-drop, default 0:
 absolute in metric units, or relative with a % suffix; "worse" follows the metric's direction) and the paired
@@ -254,6 +255,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], metric: str | None, n_resample
         "total": {**total.__dict__, "a": a["metrics"][metric]["value"], "b": b["metrics"][metric]["value"]},
         "categories": per_category,
         "items": item_changes(sa, sb, metric),
+        "agreement": stats.token_agreement(sa, sb),  # generated tokens of B against A's (None: nothing generated)
     }
 
 
@@ -411,9 +413,24 @@ def format_report(report: dict[str, Any], show: int) -> str:
                 else ""
             )
         )
+    if report.get("agreement"):
+        lines.append(agreement_line(report["agreement"]))
     if report.get("gate"):
         lines.append(f"gate: {report['gate']['verdict']}")
     return "\n".join(lines)
+
+
+def agreement_line(a: dict[str, Any]) -> str:
+    """One sentence: the items whose generated tokens B shares with A, and where the others first differ."""
+    line = f"generated tokens: B's equal A's in {a['same']} of {a['n']} items ({100 * a['share']:.1f}%)"
+    if a["by"] == "tokens_sha1":
+        return line + " (by their digests: these results hold no tokens, so no first divergent step)"
+    if a["mean_first"] is not None:
+        line += (
+            f"; where they differ ({a['diverged']} items), the first differing token is number "
+            f"{a['mean_first']:.1f} on average (1: the first generated)"
+        )
+    return line
 
 
 def _row(label: str, c: dict[str, Any]) -> str:

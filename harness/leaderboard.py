@@ -42,6 +42,7 @@ METHOD_ORDER = (
 README_START = "<!-- leaderboard:start -->"
 README_END = "<!-- leaderboard:end -->"
 GiB = 2**30
+SAME_TOKENS, FIRST_DIVERGENCE = "same tokens as bf16", "1st divergence"  # generation agreement columns
 
 Group = dict[tuple[str, str, str], list[dict[str, Any]]]
 
@@ -277,11 +278,10 @@ def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bo
     ref_kv = reference["system"]["kv_bytes"]["total"] if reference else None
     window = r["method"]["config"].get("residual_length")
     row = {"method": r["method"]["name"] + partial_tag(r), "window": "–" if window is None else str(window)}
-    if with_metric:  # the primary metric, then a second one the paired tables test (asr's NLL)
+    if with_metric:  # the primary metric, then those the paired tables test too (asr's NLL, ppl's KL and top-1)
         for i, name in enumerate(paired_metrics(r)):
-            m = r["metrics"][name]
-            ci = f" [{fmt(m['ci_low'])}, {fmt(m['ci_high'])}]" if m.get("ci_low") is not None else ""
-            row["metric" if i == 0 else f"metric:{name}"] = f"{fmt(m['value'])}{ci}"
+            row["metric" if i == 0 else f"metric:{name}"] = metric_cell(r["metrics"][name])
+        row |= agreement_cells(reference, r)
     return {
         **row,
         "items": str(len(r["samples"])),
@@ -327,7 +327,34 @@ def stale_note(runs: list[dict[str, Any]]) -> str:
     return "Stale, not what this code computes (`make eval ... OPTS=--force` reruns one): " + " · ".join(parts) + "."
 
 
-OPTIONAL_COLUMNS = ("items/s", "kernel steps")  # shown where a result of the table records them
+OPTIONAL_COLUMNS = ("items/s", "kernel steps", SAME_TOKENS, FIRST_DIVERGENCE)  # shown where a result records them
+
+
+def metric_cell(m: dict[str, Any]) -> str:
+    """'0.81 [0.78, 0.84]': the value and its interval, the interval over clusters of items where the result has one
+    (marked ᶜ), else over items."""
+    clustered = m.get("clustered") or {}
+    if clustered.get("ci_low") is not None:
+        return f"{fmt(m['value'])} [{fmt(clustered['ci_low'])}, {fmt(clustered['ci_high'])}]ᶜ"
+    ci = f" [{fmt(m['ci_low'])}, {fmt(m['ci_high'])}]" if m.get("ci_low") is not None else ""
+    return f"{fmt(m['value'])}{ci}"
+
+
+def agreement_cells(reference: dict[str, Any] | None, r: dict[str, Any]) -> dict[str, str]:
+    """The share of items whose generated tokens equal BF16's and the mean first divergent step
+    (harness.stats.token_agreement), against the table's BF16 run of the same task version and data; '–' where
+    there is none, for BF16 itself, for tasks that generate nothing and for older results without tokens (no step)."""
+    cells = {SAME_TOKENS: "–", FIRST_DIVERGENCE: "–"}
+    same_items = reference is not None and all(
+        reference["task"][k] == r["task"][k] for k in ("name", "version", "data_fingerprint")
+    )
+    if r is reference or not same_items:
+        return cells
+    agreement = stats.token_agreement(reference["samples"], r["samples"])
+    if agreement is not None:
+        cells[SAME_TOKENS] = f"{percent(agreement['share'])} of {agreement['n']}"
+        cells[FIRST_DIVERGENCE] = fmt(agreement["mean_first"], 3)
+    return cells
 
 
 def percent(share: float | None) -> str:
@@ -335,9 +362,9 @@ def percent(share: float | None) -> str:
 
 
 def metric_header(runs: list[dict[str, Any]], name: str = "") -> str:
-    """'wer ↓ (95% CI)' for metric `name` (default: the primary one)."""
-    r = runs[0]
-    name = name or r["primary_metric"]
+    """'wer ↓ (95% CI)' for metric `name` (default: the primary one), as the first run that has it records it."""
+    name = name or runs[0]["primary_metric"]
+    r = next(r for r in runs if name in r["metrics"])
     arrow = "↑" if r["metrics"][name]["higher_is_better"] else "↓"
     return f"{name} {arrow} (95% CI)"
 
@@ -345,8 +372,8 @@ def metric_header(runs: list[dict[str, Any]], name: str = "") -> str:
 def result_table(key, runs: list[dict[str, Any]], pipeline_check: bool = False) -> Table:
     ref = reference_run(runs)
     rows = [run_row(r, ref, with_metric=not pipeline_check) for r in runs]
-    empty = {c for c in OPTIONAL_COLUMNS if all(row[c] == "–" for row in rows)}
-    keys = [k for k in rows[0] if k not in empty]
+    empty = {c for c in OPTIONAL_COLUMNS if all(row.get(c, "–") == "–" for row in rows)}
+    keys = [k for k in columns(rows) if k not in empty]
     header = [metric_header(runs, k.partition(":")[2]) if k.startswith("metric") else k for k in keys]
     return Table(
         group_title(key, runs),
@@ -357,14 +384,30 @@ def result_table(key, runs: list[dict[str, Any]], pipeline_check: bool = False) 
     )
 
 
+def columns(rows: list[dict[str, str]]) -> list[str]:
+    """The first row's columns, with a metric only later rows have (a run of newer code) after the other metrics."""
+    keys = list(rows[0])
+    for row in rows[1:]:
+        for k in row:
+            if k not in keys:
+                at = max((i for i, c in enumerate(keys) if c.startswith("metric")), default=len(keys) - 1)
+                keys.insert(at + 1 if k.startswith("metric") else len(keys), k)
+    return keys
+
+
 PAIRED_AGAINST = ("bf16", "oscar")  # the references of the paired tests: the full-precision cache and OScaR
 
 
+DISTRIBUTION_METRICS = ("kl", "kl_p99", "top1")  # ppl's distance to BF16's next-token distribution
+
+
 def paired_metrics(r: dict[str, Any]) -> list[str]:
-    """The metrics a paired table tests: the primary one, and the NLL where the primary metric is not a function of
-    it (asr's WER: the reference transcript's log-likelihood is the more sensitive measure)."""
+    """The metrics a paired table tests: the primary one, the NLL where the primary metric is not a function of it
+    (asr's WER: the reference transcript's log-likelihood is the more sensitive measure), and the KL to BF16, its
+    99th percentile and the top-1 agreement where the result has them (ppl)."""
     primary = r["primary_metric"]
-    return [primary] + (["nll"] if "nll" in r["metrics"] and primary not in ("ppl", "nll") else [])
+    nll = ["nll"] if "nll" in r["metrics"] and primary not in ("ppl", "nll") else []
+    return [primary] + nll + [m for m in DISTRIBUTION_METRICS if m in r["metrics"]]
 
 
 def paired_cells(
@@ -399,7 +442,7 @@ def paired_table(title: str, runs: list[dict[str, Any]]) -> Table | None:
     refs = [(name, ref) for name, ref in refs if ref is not None]
     if not refs or len(runs) < 2:
         return None
-    metrics = paired_metrics(runs[0])
+    metrics = list(dict.fromkeys(m for r in runs for m in paired_metrics(r)))
     header = ["method"] + [f"{m} vs {name}" for m in metrics for name, _ in refs]
     shared: dict = {}  # each run's bootstrap draws, aggregated once for both references and every metric
     rows = []
@@ -549,6 +592,10 @@ def markdown(board: Board, short: bool = False) -> str:
         if not short and t.title in board.paired:
             p = board.paired[t.title]
             parts.append(f"#### {p.title}\n\n{md_table(p)}\n\n{p.note}")
+    if not short:  # each model's needle-in-a-haystack tables by context length and depth
+        from harness import report_niah
+
+        parts += report_niah.markdown_sections(board)
     parts += [f"### Speed and memory: {s.e2e.title}\n\n{md_table(s.e2e)}\n\n{s.e2e.note}" for s in board.speed if s.e2e]
     if short:
         return "\n\n".join(parts + [README_MORE.format(n=sum(len(t.rows) for t in board.checks))]) + "\n"
@@ -566,8 +613,12 @@ def markdown(board: Board, short: bool = False) -> str:
 
 INTRO = (
     "Built by `make leaderboard` from {n} result files under `results/runs/` and the bench reference of each GPU "
-    "kind under `results/bench/`. Intervals: percentile bootstrap over items; failed: items that ended in an "
-    "error."
+    "kind under `results/bench/`. Intervals: percentile bootstrap over items, or over clusters of items (ᶜ: "
+    "OCRBench's source datasets, MMAU-Pro's audio clips, NIAH's haystacks) where the items have them; failed: items "
+    "that ended in an error. ppl: kl, the mean KL(BF16 || method) in nats per scored token over the whole "
+    "vocabulary, kl_p99 its 99th percentile, top1 the share of tokens whose most likely next token is BF16's. "
+    "Generating tasks: same tokens, the items whose generated tokens equal BF16's; 1st divergence, the mean number "
+    "of the first token that differs (1: the first generated) over the items that differ."
 )
 PAIRED_NOTE = (
     "Each cell: the method's value minus the reference's over the items both hold, and in brackets the two-sided "

@@ -329,7 +329,9 @@ def results_section(board) -> str:
             figure(tradeoff_plot(runs, t.title, style), f"{t.title}: quality against bits per element"),
             figure(category_plot(runs, t.title, style), f"{t.title}: per-category scores"),
         ]
-    return "\n".join(parts + ["</section>"])
+    from harness import report_niah  # the needle-in-a-haystack heat maps, a section of their own after this one
+
+    return "\n".join(parts + ["</section>", report_niah.html_section(board)])
 
 
 def speed_section(board) -> str:

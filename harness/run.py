@@ -202,7 +202,9 @@ def evaluate(
         from harness import models as M
 
         M.check_weights(spec.name, model_path, weights)
-    items, n_total = D.main_first(ranks, lambda: load_items(task_obj, data, limit))  # rank 0 builds generated sets
+    binds = hasattr(task_obj, "bind")  # sizes its items in the model's tokens (niah): they load after the model
+    if not binds:
+        items, n_total = D.main_first(ranks, lambda: load_items(task_obj, data, limit))  # rank 0 builds generated sets
     if adapter is None:
         from harness import models as M
 
@@ -215,6 +217,9 @@ def evaluate(
             dtype=dtype,
             device_map=device_map,
         )
+    if binds:
+        task_obj = bind_to_model(task_obj, adapter, spec.name)
+        items, n_total = D.main_first(ranks, lambda: load_items(task_obj, data, limit))
     model_info = R.model_info(adapter)
     task_obj = scoring_for(task_obj, model_info)
     getattr(task_obj, "check_ready", lambda: None)()  # the task's own models (a judge), before the first item
@@ -230,10 +235,10 @@ def evaluate(
     D.check_same(ranks, (fingerprint, model_info["weight_hash"]), "the items' fingerprint and the weight hash")
     written = []
     from harness.models import traits_of
+    from harness.prefill_store import RunPrefills
     from harness.provenance import parts_for
-    from harness.scoring import Prefills
 
-    prefills = Prefills()  # the exact prompt forwards of Score requests, shared by the methods of this run
+    prefills = RunPrefills()  # the exact prompt forwards of Score and Generate requests, shared by this run's methods
     for method in methods:
         ctx = RunContext(
             spec.name,
@@ -261,6 +266,23 @@ def evaluate(
         )
         written.append(run_method(ctx, adapter, path, restart, force, n_resamples, ranks))
     return written
+
+
+def bind_to_model(task, adapter, model: str):
+    """`task.bind(count, max_context)`: the task as sized for this model. count(prompt) is the number of input tokens
+    the model is given for a prompt (the adapter's own inputs: chat template and answer prefix in); max_context is
+    the model's (text) config's max_position_embeddings. A length the model cannot hold is refused here, before any
+    item runs."""
+    config = getattr(adapter, "text_config", None)
+    max_context = getattr(config, "max_position_embeddings", None)
+
+    def count(prompt) -> int:
+        return int(adapter.build_inputs(prompt)["input_ids"].shape[-1])
+
+    try:
+        return task.bind(count, max_context)
+    except ValueError as err:
+        raise ValueError(f"{model}: {err}") from None
 
 
 def load_items(task, data: str | None, limit: int | None) -> tuple[list[dict[str, Any]], int]:
@@ -498,6 +520,9 @@ def _run_chunk(ctx: RunContext, runner, chunk: list[dict[str, Any]]):
                 f"{type(err).__name__}: {err} (finished items are kept; rerun to resume)"
             ) from err
         record = R.jsonable(record)
+        generated = [r.tokens for r in own if r.text is not None]
+        if generated and "tokens" not in record:  # what the model generated, for agreement with another method's run
+            record["tokens"] = generated[0] if len(generated) == 1 else generated
         cost = item_cost(own)
         if cost is not None:
             record["cost"] = R.jsonable(cost)
@@ -605,6 +630,13 @@ def aggregate_with_ci(task, records, n_resamples: int, seed: int):
         }
         for k, v in point.items()
     }
+    clusters = stats.clusters_of(records)  # items in clusters (a source dataset, a clip, a haystack): that interval too
+    if clusters is not None and point:
+        within = stats.bootstrap_cis_clustered(records, clusters, statistics, n_resamples=n_resamples, seed=seed)
+        n = len(set(clusters))
+        text = stats.ci_method_clustered_text(n, n_resamples)
+        for k in point:
+            metrics[k]["clustered"] = {"ci_low": within[k][0], "ci_high": within[k][1], "ci_method": text, "n": n}
     primary = getattr(task, "primary_metric", None)
     if unscored and primary and primary not in metrics:  # items left unscored (`scoring_for`): no value to give
         metrics[primary] = {

@@ -9,10 +9,11 @@ options, a fresh cache per batch and the CUDA graphs of its decode steps (quant.
 
 Generate: the prompts are built one by one by the adapter (its processor, on the path it was tested on), collated
 left-padded (harness/models/batching.py) and answered in one greedy `generate`; the cache stores each sequence
-without its padding (quant/rows.py), so each answer is the prompt's batch-1 answer. Score: the texts are tokenized,
-cut to context + scored tokens and scored together (harness/scoring.py); every row has the same length, so there is
-no padding. A batch that fails runs again one request at a time, so a failure is one request's (its response
-carries the error), never the batch's.
+without its padding (quant/rows.py), so each answer is the prompt's batch-1 answer. With the run's RunPrefills, a
+prompt's prefill that an earlier method ran is replayed into this method's cache (harness/prefill_store.py).
+Score: the texts are tokenized, cut to context + scored tokens and scored together (harness/scoring.py); every row
+has the same length, so there is no padding. A batch that fails runs again one request at a time, so a failure is
+one request's (its response carries the error), never the batch's.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from tasks.contract import Generate, Likelihood, Request, Response, Score
 
 class Runner:
     """Answers requests for `adapter`'s model with `method`'s cache (None: the model's own DynamicCache, the
-    reference). `prefills`: the exact prompt forwards shared by the runners of one model (harness.scoring.Prefills)."""
+    reference). `prefills`: the exact prompt forwards shared by the runners of one model (harness.scoring.Prefills;
+    a harness.prefill_store.RunPrefills shares the prompts of Generate requests too)."""
 
     def __init__(self, adapter, method, kernels=None, traits=None, prefills=None):
         import quant
@@ -44,6 +46,7 @@ class Runner:
         self.kernels = invariant.resolve(kernels or KernelOptions(), adapter.generator)
         self.traits = NONE if traits is None else traits
         self.prefills = prefills
+        self.prompts = getattr(prefills, "prompts", None)  # harness.prefill_store.PromptPrefills, or None
         self.prepared = quant.prepare_model(adapter.generator, method, self.kernels, self.traits)
 
     def __enter__(self) -> "Runner":
@@ -113,6 +116,7 @@ class Runner:
         inputs = collate(features, pad).to(device=adapter.device, dtype=adapter.model.dtype)
         invariant = self.kernels.batch_invariant and self.method is not None
         cache = self.make_cache(inputs, rows=invariant)
+        shared = self._prompt_share()
         decoder = []
         with measure(adapter.device, cache, lambda: decoder[0] if decoder else None) as (clock, figures):
             with torch.inference_mode(), decode_graphs(adapter.generator, cache) as graphs:
@@ -120,13 +124,16 @@ class Runner:
                 steps = contextlib.nullcontext()
                 if invariant:
                     clock.begin()
-                    prefill_rows(adapter, cache, features)
+                    prefill_rows(adapter, cache, features, shared.row if shared else None)
                     inputs = {k: inputs[k] for k in ("input_ids", "attention_mask")}
                     steps = BatchInvariant()
-                with steps:
+                ends = adapter.eos_token_ids | stop_ids(adapter.tokenizer, batch[0].stop)
+                first = shared.first_forward(cache, features) if shared and not invariant else contextlib.nullcontext()
+                with steps, first:
                     out = adapter.generator.generate(
                         **inputs,
                         **cache_argument(cache),
+                        **stopping(batch[0], ends),
                         do_sample=False,
                         max_new_tokens=batch[0].max_new_tokens,
                         streamer=clock,
@@ -134,14 +141,19 @@ class Runner:
                     )
         new = out[:, inputs["input_ids"].shape[1] :]
         share = (time.perf_counter() - start) / len(batch)
+        reused = shared.reused if shared else [False] * len(batch)
+        if shared:
+            shared.commit()  # after the timing: keeping a prefill (a spill to disk) is not this method's time
         responses = []
-        for b, (feature, tokens) in enumerate(zip(features, row_tokens(new, adapter.eos_token_ids))):
+        for b, (feature, tokens) in enumerate(zip(features, row_tokens(new, ends))):
             kv_bytes = cache.row(b).nbytes() if cache is not None else {}
             cost = {**generation_cost(figures, len(tokens), kv_bytes), "batch": len(batch)}
             cost["kernel_steps"] = min(cost.get("kernel_steps") or 0, cost["decode_steps"])  # a row that ended early
+            cost["prefill_reused"] = int(reused[b])  # 1: another method ran this prompt's prefill (its time is theirs)
             responses.append(
                 Response(
                     text=adapter.decode(tokens),
+                    tokens=[int(t) for t in tokens.tolist()],
                     tokens_sha1=token_digest(tokens),
                     input_tokens=int(feature["input_ids"].shape[1]),
                     new_tokens=len(tokens),
@@ -150,40 +162,53 @@ class Runner:
                     wall_s=share,
                     graph_steps=graph_steps(cache),
                     cost=cost,
+                    details={"prefill_reused": reused[b]},
                 )
             )
         return responses
 
+    def _prompt_share(self):
+        """The run's kept prompt prefills for one generate call (harness/prefill_store.py), or None where this model
+        and method prefill every prompt themselves."""
+        from harness.prefill_store import PromptShare, shares
+
+        if self.prompts is None or not shares(self.adapter, self.method):
+            return None
+        return PromptShare(self.prompts, self.adapter.generator, self.kernels)
+
     # ------------------------------------------------------------------------------------------------ score
     def score(self, batch: list[Score]) -> list[Response]:
-        """Teacher-forced NLL of each text's scored tokens (harness/scoring.py); a text with too few tokens gets an
-        error response, the others are scored together."""
-        from harness.scoring import per_sequence, score_batch
+        """Teacher-forced NLL of each text's scored tokens (harness/scoring.py), with each token's KL to BF16 and top-1
+        agreement where the run shares a store (self.prefills); a text with too few tokens gets an error response, the
+        others are scored together."""
+        from harness.scoring import divergence_for, per_sequence, request_ids, score_batch
 
         adapter = self.adapter
         start = time.perf_counter()
         rows, out = [], [None] * len(batch)
         bos = _leading_bos(adapter.tokenizer)
         for i, request in enumerate(batch):
-            ids = adapter.tokenizer(request.text, return_tensors="pt", add_special_tokens=False).input_ids
+            ids, where = request_ids(adapter.tokenizer, request)  # the text's tokens, or a window of a token stream
             need = request.context + request.scored
             if ids.shape[1] < need:
-                out[i] = Response.failed(
-                    f"only {ids.shape[1]} tokens in {len(request.text)} characters, need {need} (context + scored)"
-                )
+                out[i] = Response.failed(f"only {ids.shape[1]} tokens in {where}, need {need} (context + scored)")
             else:
                 ids = ids[:, :need]
                 rows.append((i, ids if bos is None else torch.cat([torch.full((1, 1), bos, dtype=ids.dtype), ids], 1)))
         if rows:
             context = batch[rows[0][0]].context + (bos is not None)
             ids = torch.cat([r[1] for r in rows]).to(adapter.device)
-            cache = self.make_cache({"input_ids": ids[:, :context]})
             with torch.no_grad():
-                nll, reused = score_batch(adapter.model, cache, self.method, ids, context, self.prefills)
+                aside = time.perf_counter()
+                divergence = divergence_for(self, ids, context)  # a BF16 pass first where none is kept
+                start += time.perf_counter() - aside
+                cache = self.make_cache({"input_ids": ids[:, :context]})
+                nll, reused = score_batch(adapter.model, cache, self.method, ids, context, self.prefills, divergence)
             kv = cache.nbytes()
             per_row = per_sequence(kv, len(rows))
-            share = (time.perf_counter() - start) / len(rows)
-            for (i, _), row_nll in zip(rows, nll.tolist()):
+            measured = divergence.seconds if divergence is not None else 0.0  # the KL's time is not the method's
+            share = (time.perf_counter() - start - measured) / len(rows)
+            for b, ((i, _), row_nll) in enumerate(zip(rows, nll.tolist())):
                 request = batch[i]
                 out[i] = Response(
                     nll_sum=row_nll,
@@ -196,6 +221,7 @@ class Runner:
                         "bits_per_element": kv["bits_per_element"],
                         "window": self.method.window,
                         "prefill_reused": reused,
+                        **(divergence.row(b) if divergence is not None else {}),
                     },
                 )
         return out
@@ -247,6 +273,30 @@ class Runner:
         )
 
 
+def stop_ids(tokenizer, stop: tuple[str, ...]) -> set[int]:
+    """The token ids that end an answer besides the model's end tokens: the last id of each stop text as the tokenizer
+    encodes it alone (LongBench's samsum takes `encode("\\n")[-1]`: a SentencePiece tokenizer puts a word-start piece
+    before it)."""
+    out = set()
+    for text in stop:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if not ids:
+            raise ValueError(f"stop text {text!r} has no tokens in this tokenizer")
+        out.add(int(ids[-1]))
+    return out
+
+
+def stopping(request: Generate, ends: set[int]) -> dict:
+    """generate()'s keywords for a request's stop texts and least length; none when it has neither, so a model's own
+    generation config (Whisper's) decides as before."""
+    out = {}
+    if request.stop:
+        out["eos_token_id"] = sorted(ends)
+    if request.min_new_tokens:
+        out["min_new_tokens"] = request.min_new_tokens
+    return out
+
+
 def _output_cache(output):
     """The cache a forward returned (`cache` from transformers 5.24 on, `past_key_values` before)."""
     cache = getattr(output, "cache", None)
@@ -267,7 +317,7 @@ def _groups(requests: list[Request]) -> list[list[int]]:
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(requests):
         if isinstance(r, Generate):
-            key = (type(r).__name__, r.max_new_tokens)
+            key = (type(r).__name__, r.max_new_tokens, r.stop, r.min_new_tokens)
         elif isinstance(r, Score):
             key = (type(r).__name__, r.context, r.scored)
         else:  # Likelihood: answered one request at a time, whatever its lengths

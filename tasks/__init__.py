@@ -10,6 +10,15 @@ TASKS: dict[str, str] = {
     "ocrbench": "tasks.ocrbench:TASK",
     "mmau-pro": "tasks.mmau_pro:TASK",
     "asr": "tasks.asr:TASK",
+    # RULER's needle-in-a-haystack, one task per context length (tasks/niah)
+    "niah-4k": "tasks.niah:TASK_4K",
+    "niah-8k": "tasks.niah:TASK_8K",
+    "niah-16k": "tasks.niah:TASK_16K",
+    "niah-32k": "tasks.niah:TASK_32K",
+    "niah-64k": "tasks.niah:TASK_64K",
+    "niah-128k": "tasks.niah:TASK_128K",
+    "longbench-e": "tasks.longbench_e:TASK",
+    "longbench-e-oscar": "tasks.longbench_e:TASK_OSCAR",
 }
 
 

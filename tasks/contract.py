@@ -24,20 +24,34 @@ import numpy as np
 @dataclass(frozen=True)
 class Prompt:
     """One prompt. Images are PIL images; audios are mono float32 arrays at 16 kHz; `system` an optional system
-    message."""
+    message.
+
+    chat: wrap the text in the model's chat template (False: the text as it is, e.g. LongBench's few-shot sets).
+    answer_prefix: text the answer starts with, placed after the template's assistant turn (RULER's
+    "The special magic number for ... is"); the model continues it and the answer does not repeat it.
+    max_tokens: the text is cut in its middle to at most this many tokens of the model's tokenizer before it is
+    wrapped (LongBench's truncation: the first and the last half kept); None: never cut. An adapter also cuts
+    to what the model can hold (harness/models/base.py: truncate_middle)."""
 
     text: str
     images: Sequence[Any] = ()
     audios: Sequence[np.ndarray] = ()
     system: str | None = None
+    chat: bool = True
+    answer_prefix: str = ""
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
 class Generate:
-    """Answer `prompt` greedily with at most `max_new_tokens` new tokens."""
+    """Answer `prompt` greedily with at most `max_new_tokens` new tokens. `stop`: texts that end the answer as the
+    end token does when the model emits one of them as a single token (LongBench's samsum stops at "\\n");
+    `min_new_tokens`: the end tokens are suppressed before this many new tokens."""
 
     prompt: Prompt
     max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    min_new_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,7 +83,8 @@ class Response:
     """What one request got, and what it cost. `error` set: the request failed (the text says what and where) and
     the other fields are empty.
 
-    Generate: text, tokens_sha1 (digest of the new token ids), input_tokens, new_tokens.
+    Generate: text, tokens (the new token ids up to and with the first end token), tokens_sha1 (their digest),
+    input_tokens, new_tokens.
     Score, Likelihood: nll_sum (float64 sum over the scored tokens), scored (their number).
     Both: modality_tokens (prompt positions per modality), kv_bytes (the request's own cache bytes,
     quant.cache.QuantizedKVCache.nbytes), wall_s (its share of its batch's time), graph_steps (decode steps replayed
@@ -77,6 +92,7 @@ class Response:
     details (request-kind specifics, e.g. whether a shared prefill was reused)."""
 
     text: str | None = None
+    tokens: list[int] = field(default_factory=list)
     tokens_sha1: str = ""
     input_tokens: int = 0
     new_tokens: int = 0

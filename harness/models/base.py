@@ -51,6 +51,24 @@ def token_digest(ids) -> str:
     return hashlib.sha1(",".join(str(int(t)) for t in values).encode()).hexdigest()[:16]
 
 
+def truncate_middle(tokenizer, text: str, max_tokens: int | None) -> str:
+    """`text` cut in its middle to at most `max_tokens` tokens, LongBench's way (its pred.py): the text's tokens as the
+    tokenizer gives them (its special tokens in), and if there are more than `max_tokens`, the decoded first
+    int(max_tokens / 2) and last int(max_tokens / 2) joined without a separator (special tokens skipped). None: the
+    text as it is."""
+    if max_tokens is None:
+        return text
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens must be at least 2 to keep both ends of a prompt, got {max_tokens}")
+    ids = tokenizer(text).input_ids
+    if len(ids) <= max_tokens:
+        return text
+    half = int(max_tokens / 2)
+    return tokenizer.decode(ids[:half], skip_special_tokens=True) + tokenizer.decode(
+        ids[-half:], skip_special_tokens=True
+    )
+
+
 def graph_steps(cache) -> int:
     """Decode steps of the last generate over `cache` that ran as CUDA graphs (captured or replayed)."""
     state = getattr(cache, "state", None)

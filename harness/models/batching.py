@@ -54,7 +54,13 @@ def row_tokens(new: torch.Tensor, eos: set[int]) -> list[torch.Tensor]:
     return rows
 
 
-def prefill_rows(adapter, cache, features: list[Any]) -> None:
+def rope_holder(generator):
+    """The module that keeps the prompt's offset of text positions, `rope_deltas`, after its prefill (models with
+    multimodal RoPE: Qwen3-VL, the Qwen3-Omni thinker), or None."""
+    return next((m for m in (getattr(generator, "model", None), generator) if hasattr(m, "rope_deltas")), None)
+
+
+def prefill_rows(adapter, cache, features: list[Any], shared=None) -> None:
     """The batch-invariant prefill (quant/invariant.py): each prompt but its last token through the model alone, as a
     batch of one without padding, into its own rows of `cache` (made with one layer per sequence:
     QuantizedKVCache.set_padding(rows=True)). `generate` then takes the padded batch with the cache holding all but
@@ -62,9 +68,12 @@ def prefill_rows(adapter, cache, features: list[Any]) -> None:
 
     Models with multimodal RoPE (Qwen3-VL, the Qwen3-Omni thinker) keep each prompt's offset of text positions,
     `rope_deltas`, on the model after its prefill and add it to the mask's positions at every later step (so it does
-    not depend on padding): the batch gets each prompt's own."""
+    not depend on padding): the batch gets each prompt's own.
+
+    `shared(feature, row_cache, run)`: the run's kept prefills (harness.prefill_store.PromptShare.row), which replay
+    the prompt's prefill into its rows or call `run()` (the forward) and keep it; None: every prompt runs."""
     generator = adapter.generator
-    holder = next((m for m in (getattr(generator, "model", None), generator) if hasattr(m, "rope_deltas")), None)
+    holder = rope_holder(generator)
     deltas = []
     for b, feature in enumerate(features):
         row = {}
@@ -74,7 +83,15 @@ def prefill_rows(adapter, cache, features: list[Any]) -> None:
             row[key] = value.to(adapter.model.dtype) if value.is_floating_point() else value
         if holder is not None:
             holder.rope_deltas = None  # computed afresh for this prompt
-        generator(**row, **cache_argument(cache.row(b)), use_cache=True, logits_to_keep=1)
+        rows = cache.row(b)
+
+        def run(row=row, rows=rows):
+            generator(**row, **cache_argument(rows), use_cache=True, logits_to_keep=1)
+
+        if shared is None:
+            run()
+        else:
+            shared(feature, rows, run)
         if holder is not None:  # none computed: a text-only prompt, whose offset is 0
             deltas.append(torch.zeros(1, 1, dtype=torch.long) if holder.rope_deltas is None else holder.rope_deltas)
     if holder is not None:

@@ -8,6 +8,7 @@ the model class, how a `Prompt` becomes processor inputs, which token ids mark w
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from harness.models.base import MODALITIES, TEXT, ModelLoadError
+from harness.models.base import MODALITIES, TEXT, ModelLoadError, truncate_middle
 from tasks.contract import Prompt
 
 AUDIO_SAMPLE_RATE = 16_000
@@ -238,7 +239,16 @@ class MultimodalAdapter:
         return msgs + [{"role": "user", "content": content}]
 
     def chat_text(self, prompt: Prompt) -> str:
-        return self.processor.apply_chat_template(self.messages(prompt), add_generation_prompt=True, tokenize=False)
+        """The processor's input text: the prompt's text (cut in its middle to `max_tokens`) with its media in the
+        chat template, or bare when the prompt asks for no template, then the answer prefix."""
+        if prompt.max_tokens is not None:
+            prompt = dataclasses.replace(prompt, text=truncate_middle(self.tokenizer, prompt.text, prompt.max_tokens))
+        if not prompt.chat:
+            if prompt.images or prompt.audios:
+                raise ValueError(f"{self.spec.name}: a prompt with images or audio needs the chat template (chat=True)")
+            return prompt.text + prompt.answer_prefix
+        chat = self.processor.apply_chat_template(self.messages(prompt), add_generation_prompt=True, tokenize=False)
+        return chat + prompt.answer_prefix
 
     def tags(self, inputs) -> torch.Tensor:
         return modality_tags(inputs["input_ids"], self.token_modality())

@@ -241,6 +241,7 @@ class QuantLayer(CacheLayerMixin):
     def reset(self) -> None:
         for name in self._state_names():
             setattr(self, name, None)
+        self._dense_memo = {}
         self.seen = 0
         self.is_initialized = False
 
@@ -271,6 +272,25 @@ class QuantLayer(CacheLayerMixin):
         raise NotImplementedError
 
     # -- shared helpers ----------------------------------------------------------------------
+    memo_dense = True  # off: every decode step dequantizes everything stored again (the tests compare both)
+
+    def _memo(self, name: str, stored: tuple, compute: Callable[[], Any]) -> Any:
+        """compute(), the dequantized form of the `stored` objects, kept under `name` until one of them is replaced. A
+        flush stores new objects (codes are concatenated or re-viewed, never written into a stored block in place), so
+        between two flushes every decode step would dequantize the same codes again: on the CPU that is most of a
+        step's time at a few thousand tokens. Kept on the CPU only: on a GPU the copy would double the cache's memory
+        and the kernels never take this path. The objects are held with the value, so their ids cannot be reused."""
+        if not self.memo_dense or self.device.type != "cpu":
+            return compute()
+        key = tuple(id(x) for x in stored)
+        memos = self.__dict__.setdefault("_dense_memo", {})
+        memo = memos.get(name)
+        if memo is not None and memo[0] == key:
+            return memo[2]
+        value = compute()
+        memos[name] = (key, stored, value)
+        return value
+
     def _state_names(self) -> list[str]:
         # Private tensors (leading underscore: rotations, permutations) are per-layer constants, not state.
         return [n for n, v in vars(self).items() if not n.startswith("_") and isinstance(v, (torch.Tensor, QTensor))]

@@ -95,9 +95,18 @@ class KIVILayer(QuantLayer):
             self.v_res = own(self.v_res[..., excess:, :])
 
     def _dense(self):
-        k = self.k_res if self.k_q is None else torch.cat([self.out_dtype(self.k_q.dequantize()), self.k_res], -2)
-        v = self.v_res if self.v_q is None else torch.cat([self.out_dtype(self.v_q.dequantize()), self.v_res], -2)
+        k, v = self.k_res, self.v_res
+        if self.k_q is not None:
+            k = torch.cat([self._memo("k", (self.k_q,), self._dequantized_k), k], -2)
+        if self.v_q is not None:
+            v = torch.cat([self._memo("v", (self.v_q,), self._dequantized_v), v], -2)
         return k, v
+
+    def _dequantized_k(self):
+        return self.out_dtype(self.k_q.dequantize())
+
+    def _dequantized_v(self):
+        return self.out_dtype(self.v_q.dequantize())
 
     def _stored(self):
         return {"codes": [self.k_q, self.v_q], "residual": [self.k_res, self.v_res]}

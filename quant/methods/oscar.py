@@ -344,7 +344,7 @@ class OScaRLayer(QuantLayer):
         return k, v
 
     def _dense(self):
-        deq = self.dequantized()
+        deq = None if self.k_q is None else self._memo("kv", (self.k_q, self.v_q, self.norms), self.dequantized)
         if deq is None:
             return self.k_res, self.v_res
         return torch.cat([self.out_dtype(deq[0]), self.k_res], -2), torch.cat([self.out_dtype(deq[1]), self.v_res], -2)

@@ -94,12 +94,16 @@ class QuaRotLayer(QuantLayer):
             parts_k.append(self.k_fp)
             parts_v.append(self.v_fp)
         if self.k_q is not None:
-            parts_k.append(self.out_dtype(self.k_q.dequantize() @ self._rot))
-            parts_v.append(self.out_dtype(self.v_q.dequantize() @ self._rot))
+            k, v = self._memo("kv", (self.k_q, self.v_q), self._dequantized)
+            parts_k.append(k)
+            parts_v.append(v)
         if self.k_res is not None:
             parts_k.append(self.k_res)
             parts_v.append(self.v_res)
         return torch.cat(parts_k, -2), torch.cat(parts_v, -2)
+
+    def _dequantized(self):
+        return self.out_dtype(self.k_q.dequantize() @ self._rot), self.out_dtype(self.v_q.dequantize() @ self._rot)
 
     def _stored(self):
         return {"codes": [self.k_q, self.v_q], "outliers": [self.k_fp, self.v_fp], "residual": [self.k_res, self.v_res]}

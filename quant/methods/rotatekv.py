@@ -276,14 +276,18 @@ class RotateKVLayer(QuantLayer):
     def _dense(self):
         k, v = self.k_res, self.v_res
         if self.k_q is not None:
-            kr = self.k_q.dequantize()[..., self._inv] @ self._hk
-            cos, sin = self.ctx.shared["rope"](torch.arange(kr.shape[-2], device=kr.device), self.ctx.layer_idx)
-            k = torch.cat([self.out_dtype(rope(self._unspanned(kr), cos, sin)), self.k_res], -2)
-            v = torch.cat([self.out_dtype(self.v_q.dequantize() @ self._hv), self.v_res], -2)
+            kq, vq = self._memo("kv", (self.k_q, self.v_q), self._dequantized)
+            k, v = torch.cat([kq, self.k_res], -2), torch.cat([vq, self.v_res], -2)
         if self.sink_pos is not None:
             idx = self.sink_pos.unsqueeze(1).unsqueeze(-1).expand(-1, k.shape[1], -1, k.shape[-1])
             k, v = k.scatter(-2, idx, self.sink_k.to(k.dtype)), v.scatter(-2, idx, self.sink_v.to(v.dtype))
         return k, v
+
+    def _dequantized(self):
+        """The quantized part back in the model's basis, keys with RoPE applied again at their positions."""
+        kr = self.k_q.dequantize()[..., self._inv] @ self._hk
+        cos, sin = self.ctx.shared["rope"](torch.arange(kr.shape[-2], device=kr.device), self.ctx.layer_idx)
+        return self.out_dtype(rope(self._unspanned(kr), cos, sin)), self.out_dtype(self.v_q.dequantize() @ self._hv)
 
     def _stored(self):
         return {

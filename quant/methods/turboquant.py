@@ -209,8 +209,10 @@ class TurboQuantLayer(QuantLayer):
     def _dense(self):
         if self.k_main is None:
             return self.k_res, self.v_res
-        k = self.out_dtype(self.decode(self.k_out, self.k_main, self.k_norm, self.k_idx))
-        v = self.out_dtype(self.decode(self.v_out, self.v_main, self.v_norm, self.v_idx))
+        keys = (self.k_out, self.k_main, self.k_norm, self.k_idx)
+        values = (self.v_out, self.v_main, self.v_norm, self.v_idx)
+        k = self._memo("k", keys, lambda: self.out_dtype(self.decode(*keys)))
+        v = self._memo("v", values, lambda: self.out_dtype(self.decode(*values)))
         return torch.cat([k, self.k_res], -2), torch.cat([v, self.v_res], -2)
 
     def _stored(self):

@@ -195,6 +195,7 @@ class MMAUProTask:
         scored on the official stand-in answer ("scored_as"); an officially excluded item is {"id", "category",
         "kind", "excluded"}."""
         base = {"id": item["id"], "category": item["category"], "kind": score.kind(item)}
+        base["cluster"] = "|".join(item["audio_path"]) or None  # the clips: questions on one recording are alike
         reason = excluded_reason(item)
         if reason:
             return {**base, "excluded": f"item {item['id']}: {reason}"}

@@ -63,9 +63,15 @@ class OCRBenchTask:
         return [Generate(prompt, self.max_new_tokens)]
 
     def record(self, item: dict[str, Any], responses: list[Response], error: str | None = None) -> dict[str, Any]:
-        """{"id", "prediction", "scores": {"score": 0|1}, "category", "dataset", "answers", cost
-        figures} or {"id", "category", "dataset", "error"} for an item that could not run."""
-        base = {"id": item["id"], "category": item["question_type"], "dataset": item["dataset"]}
+        """{"id", "prediction", "scores": {"score": 0|1}, "category", "dataset", "cluster", "answers", cost
+        figures} or {"id", "category", "dataset", "cluster", "error"} for an item that could not run. cluster: the
+        source dataset (items of one dataset are alike: the clustered interval resamples datasets)."""
+        base = {
+            "id": item["id"],
+            "category": item["question_type"],
+            "dataset": item["dataset"],
+            "cluster": item["dataset"],
+        }
         error = error or (responses[0].error and f"item {item['id']}: {responses[0].error}")
         if error:
             return {**base, "error": error}

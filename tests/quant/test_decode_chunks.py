@@ -29,10 +29,9 @@ def smol_windows():
     adapter = models.load("smollm2-135m", device="cpu")
     adapter.model.double()  # float64 forwards: the chunked and the stepped K/V then round to the same float32 codes
     task = PerplexityTask(context=64, continuation=36)
-    texts = [task.requests(item)[0].text for item in task.load(None, 2)]
-    ids = torch.cat(
-        [adapter.tokenizer(t, return_tensors="pt", add_special_tokens=False).input_ids[:, :100] for t in texts]
-    )
+    requests = [task.requests(item)[0] for item in task.load(None, 2)]
+    ids = torch.cat([scoring.request_ids(adapter.tokenizer, r)[0] for r in requests])  # two different windows
+    assert ids.shape == (2, 100) and not torch.equal(ids[0], ids[1])
     return adapter, ids
 
 

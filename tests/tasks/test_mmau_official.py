@@ -89,7 +89,7 @@ def test_an_excluded_closed_item_is_left_out_of_every_number(task, items):
     """Closed items with fewer than two choices are filtered out by the official script before scoring."""
     item = dict(next(i for i in items if i["category"] == "music"), choices=["C major"])
     record = record_of(task, item)
-    assert set(record) == {"id", "category", "kind", "excluded"} and record["kind"] == "excluded"
+    assert set(record) == {"id", "category", "kind", "excluded", "cluster"} and record["kind"] == "excluded"
     scored = dict(id="x", category="music", kind="closed", scores={"correct": 1, "correct_letters_mapped": 1})
     out = score.aggregate([record, scored])
     assert out["metrics"]["closed"] == 100.0 and out["categories"]["music"]["n"] == 1

@@ -12,7 +12,7 @@ import quant
 from harness.models import traits_of
 from harness.models.text.adapter import smollm2_gguf
 from harness.runner import Runner
-from harness.scoring import Prefills, score_batch
+from harness.scoring import Prefills, request_ids, score_batch
 from tasks.ppl import PerplexityTask
 
 pytestmark = pytest.mark.skipif(
@@ -26,10 +26,7 @@ def smol():
 
     adapter = models.load("smollm2-135m", device="cpu")
     task = PerplexityTask(context=64, continuation=36)
-    texts = [task.requests(item)[0].text for item in task.load(None, 2)]
-    ids = torch.cat(
-        [adapter.tokenizer(t, return_tensors="pt", add_special_tokens=False).input_ids[:, :100] for t in texts]
-    )
+    ids = torch.cat([request_ids(adapter.tokenizer, task.requests(item)[0])[0] for item in task.load(None, 2)])
     return adapter, ids
 
 

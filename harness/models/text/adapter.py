@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from harness.models.base import MODALITIES, ModelLoadError
+from harness.models.base import MODALITIES, ModelLoadError, truncate_middle
 from harness.models.text import gguf_parts
 from tasks.contract import Prompt
 
@@ -25,9 +25,12 @@ def smollm2_gguf() -> Path | None:
 
 
 def resolve_dtype(dtype, device: str):
+    """None/"auto": bf16 on a GPU, fp32 elsewhere; else the names every family takes (common.parse_dtype)."""
+    from harness.models.common import parse_dtype
+
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    return parse_dtype(dtype)
 
 
 def default_device(device: str | None) -> str:
@@ -186,14 +189,27 @@ class TextAdapter:
         return next(self.model.parameters()).device
 
     def render_prompt(self, prompt: Prompt) -> str:
+        """The model's input text: the prompt's text (cut in its middle to `max_tokens`), in the chat template
+        unless the prompt asks for none or the model has none, then the answer prefix."""
         if prompt.images or prompt.audios:
             raise ValueError(f"{self.spec.name} is a text model: it cannot take images or audio")
-        if self.tokenizer.chat_template is None:
-            return prompt.text
+        text = truncate_middle(self.tokenizer, prompt.text, prompt.max_tokens)
+        if not self.templated(prompt):
+            return text + prompt.answer_prefix
         messages = ([{"role": "system", "content": prompt.system}] if prompt.system else []) + [
-            {"role": "user", "content": prompt.text}
+            {"role": "user", "content": text}
         ]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # enable_thinking=False: Qwen3's template would otherwise let the answer open a <think> block (the benchmarks
+        # score direct answers); templates that do not read the flag ignore it
+        chat = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
+        return chat + prompt.answer_prefix
+
+    def templated(self, prompt: Prompt) -> bool:
+        """Whether the prompt goes through the chat template (else the bare text, which the tokenizer then gives its
+        own leading special tokens, as LongBench's `tokenizer(prompt)` does: Llama-3.1's <|begin_of_text|>)."""
+        return prompt.chat and self.tokenizer.chat_template is not None
 
     @property
     def generator(self):
@@ -205,11 +221,11 @@ class TextAdapter:
         return self.model.config
 
     def build_inputs(self, prompt: Prompt):
-        """BatchFeature {input_ids, attention_mask} [1, S] of the rendered prompt (no special tokens added: the chat
-        template has them)."""
+        """BatchFeature {input_ids, attention_mask} [1, S] of the rendered prompt."""
         from transformers import BatchFeature
 
-        enc = self.tokenizer(self.render_prompt(prompt), return_tensors="pt", add_special_tokens=False)
+        special = not self.templated(prompt)  # a template writes its special tokens itself
+        enc = self.tokenizer(self.render_prompt(prompt), return_tensors="pt", add_special_tokens=special)
         return BatchFeature(dict(enc))
 
     def tags(self, inputs) -> torch.Tensor:
