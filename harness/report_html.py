@@ -1,11 +1,15 @@
 """The leaderboard as one static HTML page: tables plus matplotlib plots embedded as PNG data URIs (no CDN, no network,
 opens from disk). Built by `make leaderboard` (harness.leaderboard builds the tables), not committed.
 
-Order: results of trained weights (per group the table, quality against bits per element and against KV memory with
-the Pareto front, per-category bars where categories differ); speed and memory per GPU kind (the end-to-end decode,
-decode attention against context, the kernel times); the paper's published numbers, labelled; then,
-collapsed and without plots, the pipeline checks of models without trained weights. A script on load writes how many
-plots decoded into <body data-plots-rendered>, which the headless-browser test reads.
+Order: the headline table, then results of trained weights in the leaderboard's reading order (per group the table,
+quality against bits per element and against KV memory with the Pareto front, per-category bars where categories
+differ; the needle-in-a-haystack heat maps after the needle tests' tables); speed and memory per GPU kind (the
+end-to-end decode, decode attention against context, the kernel times); the paper's published numbers, labelled;
+then, collapsed and without plots, the pipeline checks of models without trained weights.
+
+Every chart colours a method as every other chart does (colours: one map for the measured and the published charts,
+OScaR's red for OScaR alone) and writes its numbers plain, as the tables do (plain_ticks, harness.leaderboard.fmt).
+A script on load writes how many plots decoded into <body data-plots-rendered>, which the headless-browser test reads.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0
 table{border-collapse:collapse;margin:.5em 0 1em;font-size:14px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}
+td.nobreak{white-space:nowrap}
+table.headline td:nth-child(-n+3),table.headline th:nth-child(-n+3){text-align:left}
+div.wide{overflow-x:auto;max-width:100%}
 table.kernels th,table.e2e th{font-size:12px}
 section{margin-bottom:2.5em}img.plot{max-width:100%;border:1px solid #eee}p.note{font-size:13px;color:#555}
 .badge{display:inline-block;padding:1px 8px;border-radius:4px;font-size:12px;font-weight:600;color:#fff}
@@ -56,12 +63,14 @@ PRESET_STYLES = {
     "turboquant-rotated-split": ("#bcbd22", "8"),
 }
 # Methods of no preset (a custom config's name) take pairs no preset uses, in the order they are shown.
-OTHER_COLOURS = ("#7f7f7f", "#c5b0d5", "#f7b6d2", "#dbdb8d", "#9edae5", "#000000")
+OTHER_COLOURS = ("#7f7f7f", "#c5b0d5", "#f7b6d2", "#dbdb8d", "#9edae5")
 MARKERS = "osD^v<>ph*PXdH8"
+FLOOR_COLOUR = "#000000"  # the bare-stream read floor of the speed plot: a bound, not a method, so no method's colour
 
 
 def colours(methods: list[str]) -> dict[str, tuple[str, str]]:
-    """{method: (colour, marker)}, the same on every plot of the page and distinct between methods."""
+    """{method: (colour, marker)}, the same on every plot of the page (measured and published) and distinct between
+    methods."""
     taken = set(PRESET_STYLES.values())
     spare = [pair for pair in ((c, m) for m in MARKERS for c in OTHER_COLOURS) if pair not in taken]
     others = [m for m in dict.fromkeys(methods) if m not in PRESET_STYLES]
@@ -76,6 +85,29 @@ def png(fig) -> str:
     fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def plain_ticks(ax) -> None:
+    """Tick labels as plain numbers, as the tables write them (1500 and 0.002, never 1.5e+03, an offset or 10^3):
+    linear axes without scientific notation, log axes labelled where matplotlib would but with fmt's text. Axes with
+    their own labels (categories) keep them."""
+    from matplotlib import ticker
+
+    from harness.leaderboard import fmt
+
+    class PlainLog(ticker.LogFormatterSciNotation):
+        def __call__(self, x, pos=None):
+            return fmt(x, 3) if super().__call__(x, pos) else ""
+
+    for axis in (ax.xaxis, ax.yaxis):
+        major, minor = axis.get_major_formatter(), axis.get_minor_formatter()
+        if axis.get_scale() == "log":  # base 10, as every log axis here; which ticks get labels stays matplotlib's
+            for old, setter in ((major, axis.set_major_formatter), (minor, axis.set_minor_formatter)):
+                if isinstance(old, ticker.LogFormatter):
+                    setter(PlainLog(labelOnlyBase=old.labelOnlyBase, minor_thresholds=old.minor_thresholds))
+        elif isinstance(major, ticker.ScalarFormatter):
+            major.set_scientific(False)
+            major.set_useOffset(False)
 
 
 def pareto(points: list[tuple[float, float]], higher_is_better: bool) -> list[int]:
@@ -122,6 +154,7 @@ def tradeoff_plot(runs: list[dict[str, Any]], title: str, style: dict[str, tuple
         ax.set(xlabel="bits per element", ylabel=f"{metric} ({'higher' if hib else 'lower'} is better)", title=subtitle)
         ax.title.set_fontsize(9)
         ax.grid(alpha=0.3)
+        plain_ticks(ax)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.suptitle(title, fontsize=10)
@@ -160,12 +193,14 @@ def category_plot(runs: list[dict[str, Any]], title: str, style: dict[str, tuple
     ax.set(ylabel=metric, title=f"{title}: per category")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.grid(axis="y", alpha=0.3)
+    plain_ticks(ax)
     fig.tight_layout()
     return png(fig)
 
 
-def published_plot(bench: dict[str, Any]) -> str:
-    """Hatched grouped bars of one published benchmark (rows = model or model/submetric)."""
+def published_plot(bench: dict[str, Any], style: dict[str, tuple[str, str]]) -> str:
+    """Hatched grouped bars of one published benchmark (rows = model or model/submetric), each method in its colour of
+    the measured charts (style: colours()), so a colour names one method across the page."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -179,6 +214,7 @@ def published_plot(bench: dict[str, Any]) -> str:
             np.arange(len(rows)) + k * width,
             vals,
             width,
+            color=style[m][0],
             hatch="//",
             edgecolor="white",
             label=bench.get("method_labels", {}).get(m, m),
@@ -187,6 +223,7 @@ def published_plot(bench: dict[str, Any]) -> str:
     ax.set(title=f"PUBLISHED (paper, not measured here): {bench['task']} — {bench['metric']}")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.grid(axis="y", alpha=0.3)
+    plain_ticks(ax)
     fig.tight_layout()
     return png(fig)
 
@@ -198,11 +235,12 @@ SPEED_SHAPES = {
     "llava-7b": "LLaVA-7B (32 / 32)",
     "qwen3-omni-thinker": "Qwen3-Omni thinker (32 / 4)",
 }
+# Both OScaR backends in OScaR's colour (told apart by line and marker), BF16 in BF16's, the floor in no method's.
 SPEED_SERIES = {
-    "oscar_cuda_graph_us": ("OScaR INT2, CUDA", "#d62728", "o-"),
-    "oscar_triton_graph_us": ("OScaR INT2, Triton", "#ff9896", "o:"),
-    "best_bf16_graph_us": ("best BF16 (SDPA)", "#555555", "s-"),
-    "floor_read_us": ("read floor (bare stream)", "#1f77b4", "^--"),
+    "oscar_cuda_graph_us": ("OScaR INT2, CUDA", PRESET_STYLES["oscar"][0], "o-"),
+    "oscar_triton_graph_us": ("OScaR INT2, Triton", PRESET_STYLES["oscar"][0], "D:"),
+    "best_bf16_graph_us": ("best BF16 (SDPA)", PRESET_STYLES["bf16"][0], "s-"),
+    "floor_read_us": ("read floor (bare stream)", FLOOR_COLOUR, "^--"),
 }
 
 
@@ -225,6 +263,7 @@ def speed_plot(data: dict[str, Any]) -> str | None:
         ax.set(xscale="log", yscale="log", xlabel="context (tokens)", title=SPEED_SHAPES.get(shape, shape))
         ax.title.set_fontsize(10)
         ax.grid(alpha=0.3)
+        plain_ticks(ax)
     axes[0][0].set_ylabel("time (us)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
@@ -235,9 +274,11 @@ def speed_plot(data: dict[str, Any]) -> str | None:
 
 def memory_plot(data: dict[str, Any]) -> str | None:
     """The end-to-end decode, BF16 against OScaR per context (and the largest batch at the longest one): KV cache GiB
-    (left) and tokens/s (right), values written on the bars."""
+    (left) and tokens/s (right), values written on the bars as plain numbers (fmt, as in the tables)."""
     import matplotlib.pyplot as plt
     import numpy as np
+
+    from harness.leaderboard import fmt
 
     pairs: dict[tuple, dict[str, dict]] = {}
     for r in data.get("e2e") or []:
@@ -262,14 +303,15 @@ def memory_plot(data: dict[str, Any]) -> str | None:
         ("decode tokens/s", lambda r: r.get("graph_tokens_per_s", r.get("tokens_per_s", np.nan))),
     ]
     for ax, (what, get) in zip(axes, panels):
-        for k, (kind, label, colour) in enumerate([("bf16", "BF16", "#555555"), ("oscar", "OScaR INT2", "#d62728")]):
+        for k, (kind, label) in enumerate([("bf16", "BF16"), ("oscar", "OScaR INT2")]):
             vals = [get(pairs[key][kind]) for key in keys]
-            bars = ax.bar(x + (k - 0.5) * 0.38, vals, 0.38, color=colour, label=label)
-            ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=1)
+            bars = ax.bar(x + (k - 0.5) * 0.38, vals, 0.38, color=PRESET_STYLES[kind][0], label=label)
+            ax.bar_label(bars, labels=[fmt(v, 3) for v in vals], fontsize=7, padding=1)
         ax.set_xticks(x, labels, fontsize=8)
         ax.set(ylabel=what, title=what)
         ax.margins(y=0.15)
         ax.grid(axis="y", alpha=0.3)
+        plain_ticks(ax)
     axes[1].legend(fontsize=8, loc="upper left")
     fig.suptitle("Qwen3-8B shape, one decode step end to end (CUDA graphs)", fontsize=10)
     fig.tight_layout()
@@ -280,14 +322,20 @@ def memory_plot(data: dict[str, Any]) -> str | None:
 
 
 def table(t, cls: str) -> str:
-    """A harness.leaderboard.Table as HTML; rows carry data-run (their result file)."""
+    """A harness.leaderboard.Table as HTML; rows carry data-run (their result file). The cells of its nowrap columns
+    (a value with its interval, a difference with its p-value) stay on one line; the table scrolls sideways where
+    that makes it wider than the page."""
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in t.header)
     body = []
     for i, row in enumerate(t.rows):
         attrs = f' data-run="{e(t.row_ids[i])}"' if i < len(t.row_ids) else ""
-        body.append(f"<tr{attrs}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+        cells = "".join(
+            f'<td class="nobreak">{e(c)}</td>' if j in t.nowrap else f"<td>{e(c)}</td>" for j, c in enumerate(row)
+        )
+        body.append(f"<tr{attrs}>{cells}</tr>")
+    markup = f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    return f'<div class="wide">{markup}</div>'  # a table wider than the page scrolls on its own, the page does not
 
 
 def figure(uri: str | None, caption: str) -> str:
@@ -309,29 +357,41 @@ def titled(t, cls: str, level: int = 3) -> str:
     return f"<h{level}>{html.escape(t.title)}</h{level}>{table(t, cls)}{note}"
 
 
+def page_colours(board) -> dict[str, tuple[str, str]]:
+    """colours() of every method the page draws, measured or published: one map for all its charts."""
+    published = [m for _, bench in board.published for m in bench["methods"]]
+    return colours(list(board.methods) + published)
+
+
 def results_section(board) -> str:
-    style = colours(board.methods)
+    from harness import report_niah  # the needle-in-a-haystack heat maps, right after the needle tests' tables
+
+    style = page_colours(board)
     parts = [
         (
             '<section class="results" id="results"><h2><span class="badge measured-badge">measured</span> '
             "Results of trained weights</h2>"
         )
     ]
+    if board.headline:
+        parts.append(titled(board.headline, "headline"))
     if not board.results:
         parts.append(
             "<p>No results of trained weights yet: <code>make eval MODEL=&lt;model&gt; "
             "QUANT=&lt;method&gt;</code> writes one.</p>"
         )
-    for t, runs in board.results:
+    for i, (t, runs) in enumerate(board.results):
+        if i == board.niah_at:
+            parts.append(report_niah.html_section(board))
         parts += [
             titled(t, "runs"),
             titled(board.paired[t.title], "paired", level=4) if t.title in board.paired else "",
             figure(tradeoff_plot(runs, t.title, style), f"{t.title}: quality against bits per element"),
             figure(category_plot(runs, t.title, style), f"{t.title}: per-category scores"),
         ]
-    from harness import report_niah  # the needle-in-a-haystack heat maps, a section of their own after this one
-
-    return "\n".join(parts + ["</section>", report_niah.html_section(board)])
+    if board.niah_at >= len(board.results):
+        parts.append(report_niah.html_section(board))
+    return "\n".join(parts + ["</section>"])
 
 
 def speed_section(board) -> str:
@@ -357,8 +417,9 @@ def published_section(board) -> str:
             f"Paper numbers — not measured here</h2><p>Source: {html.escape(board.source or '')}.</p>"
         )
     ]
+    style = page_colours(board)
     for t, bench in board.published:
-        parts += [titled(t, "published"), figure(published_plot(bench), t.title)]
+        parts += [titled(t, "published"), figure(published_plot(bench, style), t.title)]
     return "\n".join(parts + ["</section>"])
 
 

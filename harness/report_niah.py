@@ -88,7 +88,9 @@ def markdown_sections(board) -> list[str]:
 
 
 def cell_text(cell: tuple[float, int] | None) -> str:
-    return "–" if cell is None else f"{cell[0]:.4g} ({cell[1]})"
+    from harness.leaderboard import fmt
+
+    return "–" if cell is None else f"{fmt(cell[0])} ({cell[1]})"
 
 
 NOTE = (
@@ -106,6 +108,7 @@ def heatmap_plot(model: str, data: str, methods: dict[str, Runs]) -> str | None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from harness.leaderboard import fmt
     from harness.report_html import png
 
     grids = {m: grid(runs) for m, runs in methods.items()}
@@ -131,7 +134,7 @@ def heatmap_plot(model: str, data: str, methods: dict[str, Runs]) -> str | None:
         ax.set(
             xlabel="context length (tokens)",
             ylabel="" if i % cols else "needle depth",
-            title=f"{m}: {overall:.4g} overall",
+            title=f"{m}: {fmt(overall)} overall",
         )
         ax.title.set_fontsize(9)
     for ax in list(axes.flat)[len(grids) :]:

@@ -22,6 +22,7 @@ import math
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -73,8 +74,12 @@ def data_kind(data: str | None) -> str:
     return data if data in ("generated", "generated-large") else "custom"
 
 
-def task_dir(task_name: str, data: str | None) -> str:
+def task_dir(task_name: str, data: str | None, fingerprint: str | None = None) -> str:
+    """The result folder of a task's data: the task's name, with the kind of data after a "." and, for custom data,
+    the first 8 digits of its content digest (`fingerprint`: two folders of other items never share a folder)."""
     kind = data_kind(data)
+    if kind == "custom" and fingerprint:
+        kind += "-" + fingerprint.split(":")[-1][:8]
     return task_name if kind == "official" else f"{task_name}.{kind}"
 
 
@@ -196,8 +201,9 @@ def _identity_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
 class Progress:
     """The records of one run so far; `add` appends and syncs one record."""
 
-    def __init__(self, path: Path, identity: dict[str, Any], records: list[dict[str, Any]]):
+    def __init__(self, path: Path, identity: dict[str, Any], records: list[dict[str, Any]], failed: int = 0):
         self.path, self.identity, self.records = path, identity, records
+        self.failed = failed  # items whose recorded attempt failed: not in `records`, so a resumed run tries them again
 
     @property
     def done_ids(self) -> set[str]:
@@ -227,7 +233,11 @@ def open_progress(path: Path | str, identity: dict[str, Any], restart: bool = Fa
             f"{path}: an unfinished run with different settings is recorded here ({'; '.join(diff)}); "
             "rerun with --restart to discard it, or --out to write elsewhere"
         )
-    return Progress(path, identity, records)
+    # an item's last line counts, and a failed attempt is tried again: its cause (a missing file, a full disk) may have
+    # been fixed since
+    last = {str(r["id"]): r for r in records}
+    kept = [r for r in last.values() if "error" not in r]
+    return Progress(path, identity, kept, failed=len(last) - len(kept))
 
 
 def progress_diff(path: Path, identity: dict[str, Any]) -> list[str]:
@@ -448,6 +458,10 @@ def cost_figures(records: list[dict[str, Any]], loop_s: float) -> dict[str, Any]
     steps = sum(int(c.get("decode_steps") or 0) for c in costs)
     kernel = sum(int(c.get("kernel_steps") or 0) for c in costs)
     peaks = [int(c["peak_cuda_bytes"]) for c in costs if c.get("peak_cuda_bytes") is not None]
+    for name in ("ttft_s", "tpot_s"):  # per item as serving engines report them; the median: a batch's are shared
+        values = sorted(v for c in costs if (v := number(c.get(name))) is not None)
+        if values:
+            out[f"{name}_median"] = statistics.median(values)
     out.update(
         prefill_s=prefill,
         decode_s=decode,

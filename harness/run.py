@@ -24,7 +24,7 @@ from harness import results as R
 from harness import stats
 
 # Counts some tasks return among their metrics; the result has them as n_items / n_errors instead.
-COUNT_KEYS = frozenset({"n", "n_items", "n_errors", "n_unscored", "failed", "windows", "tokens"})
+COUNT_KEYS = frozenset({"n", "n_items", "n_errors", "n_unscored", "failed", "windows", "tokens", "empty_references"})
 DEFAULT_OUT = str(R.RUNS_DIR / "{task}" / "{model}" / "{method}.json")
 
 
@@ -191,6 +191,10 @@ def evaluate(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"--batch-size must be a positive number of prompts, got {batch_size}")
     spec, methods, task_obj = resolve(model, quant, task, backend, quant_opts)
+    from harness.models.common import check_device, parse_dtype
+
+    parse_dtype(dtype)  # a bad name is refused here, not after the weights load
+    check_device(device, (kernels.backend if kernels else None) or backend, device_map)
     ranks, device = D.start(device, device_map)
     from quant import invariant
     from quant.kernels.options import KernelOptions
@@ -232,13 +236,19 @@ def evaluate(
             spec.gpu_batch_size if model_device.type == "cuda" else 1
         )
     fingerprint = task_obj.data_fingerprint(items)
+    # custom data is told apart by its content (the whole set's, whatever --limit), never by its folder's name
+    n_total_fingerprint = (
+        task_obj.data_fingerprint(task_obj.load(data, None)) if R.data_kind(data) == "custom" else None
+    )
     D.check_same(ranks, (fingerprint, model_info["weight_hash"]), "the items' fingerprint and the weight hash")
+    methods = runnable_methods(methods, adapter, spec.name)
     written = []
     from harness.models import traits_of
     from harness.prefill_store import RunPrefills
     from harness.provenance import parts_for
 
     prefills = RunPrefills()  # the exact prompt forwards of Score and Generate requests, shared by this run's methods
+    plain = invariant.resolve(KernelOptions(), adapter.generator)  # the kernel options a plain run has here
     for method in methods:
         ctx = RunContext(
             spec.name,
@@ -256,16 +266,53 @@ def evaluate(
             n_total,
         )
         ctx.traits, ctx.prefills = traits_of(spec.name), prefills
+        ctx.tags = run_tags(ctx, plain, model_device, n_resamples)
         ctx.code = parts_for(method, task_obj, adapter, ctx.backend, model_info.get("weights", "real"))
         path = Path(
             out.format(
-                task=R.task_dir(task_obj.name, data) + own_paper_suffix(method.name, methods),
+                task=R.task_dir(task_obj.name, data, n_total_fingerprint) + own_paper_suffix(method.name, methods),
                 model=R.model_dir(model_info),
                 method=ctx.result_name,
             )
         )
         written.append(run_method(ctx, adapter, path, restart, force, n_resamples, ranks))
     return written
+
+
+def runnable_methods(methods: list, adapter, model: str) -> list:
+    """The methods that can run on the loaded model, checked before any item (MethodConfig.cannot_run): with several,
+    each one that cannot is skipped with one line saying why, and leaves no progress file; with none left, a
+    ValueError."""
+    why = {m.name: reason for m in methods if (reason := m.cannot_run(adapter.model))}
+    if why and len(why) == len(methods):
+        raise ValueError(f"{model}: " + "; ".join(why.values()))
+    for name, reason in why.items():
+        print(f"{model}: skipping {name}: {reason}", file=sys.stderr)
+    return [m for m in methods if m.name not in why]
+
+
+def run_tags(ctx: "RunContext", plain, device, n_resamples: int) -> list[str]:
+    """The settings of `ctx`'s run that differ from a plain run of its preset, as "name=value": each gives the result
+    a name and a file of its own (`oscar@seed=1.json`), so no such run replaces the preset's result. A plain run:
+    seed 0, the default bootstrap, real weights on the CPU (where their results are made; random weights measure
+    speed and memory, on whatever device runs them), the device's default backend and the kernel options' defaults
+    (`plain`)."""
+    from quant.kernels.options import default_backend
+
+    tags = [f"seed={ctx.seed}"] if ctx.seed != 0 else []
+    if ctx.model_info.get("weights", "real") == "real" and device.type != "cpu":
+        tags.append(f"device={device.type}")
+    if ctx.backend != (default_backend(device) if ctx.method.kernel_decode else "torch"):
+        tags.append(f"backend={ctx.backend}")
+    asked, default = ctx.kernels.to_dict(), plain.to_dict()
+    tags += [f"{k}={_value(asked[k])}" for k in sorted(asked) if k != "backend" and asked[k] != default[k]]
+    if n_resamples != stats.DEFAULT_RESAMPLES:
+        tags.append(f"resamples={n_resamples}")
+    return tags
+
+
+def _value(v) -> str:
+    return {True: "on", False: "off"}.get(v, str(v)) if isinstance(v, bool) else str(v)
 
 
 def bind_to_model(task, adapter, model: str):
@@ -324,13 +371,15 @@ class RunContext:
         self.code: dict[str, str] | None = None  # harness.provenance.code_parts of the run
         self.traits = None  # quant.traits.ModelTraits of the model's family (what preparing it may touch)
         self.prefills = None  # harness.scoring.Prefills shared by the methods of one model
+        self.tags: list[str] = []  # run_tags: the settings in which this run differs from its preset's plain run
 
     @property
     def label(self) -> str:
-        """The method as it ran: its preset's name, or the name with the fields that differ (quant.methods.label)."""
+        """The method as it ran: its preset's name, or the name with the fields that differ (quant.methods.label),
+        then each setting of the run that differs from a plain run (run_tags) after an "@"."""
         from quant.methods import label
 
-        return label(self.method)
+        return label(self.method) + "".join(f"@{tag}" for tag in self.tags)
 
     @property
     def result_name(self) -> str:
@@ -373,8 +422,12 @@ def run_method(
     # --restart discards recorded items; --force reruns but resumes items recorded by this very run (same config and
     # code), and discards only progress of another one
     progress = D.open_progress(path, ctx.identity(), restart, ranks, replace_other=force)
-    if progress.records and ranks.main:
-        print(f"{path}: resuming, {len(progress.records)} of {len(ctx.items)} items already recorded", file=sys.stderr)
+    if (progress.records or progress.failed) and ranks.main:
+        again = f"; {progress.failed} that failed are tried again" if progress.failed else ""
+        print(
+            f"{path}: resuming, {len(progress.records)} of {len(ctx.items)} items already recorded{again}",
+            file=sys.stderr,
+        )
     R.reset_peak_memory()
     _seed_everything(ctx.seed)
     shard = D.shard(ctx.items, ranks)
@@ -402,7 +455,8 @@ def _write(
     if records and all("error" in r for r in records):  # a score of 0 would hide the cause
         raise RuntimeError(
             f"{ctx.task.name} with {ctx.method.name}: all {len(records)} items failed, "
-            f"no result written; first: {records[0]['error']} (fix it, then rerun with --restart)"
+            f"no result written; first: {records[0]['error']} (fix the cause and run the same command again: "
+            "failed items are tried again)"
         )
     result = build_result(ctx, adapter, records, n_resamples)
     if figures is not None:

@@ -26,7 +26,7 @@ import torch
 
 from harness.models.base import cache_argument, graph_steps, token_digest
 from harness.models.batching import collate, prefill_rows, row_tokens
-from harness.models.cost import generation_cost, measure
+from harness.models.cost import RowBytes, generation_cost, latency, measure
 from quant.invariant import BatchInvariant
 from tasks.contract import Generate, Likelihood, Request, Response, Score
 
@@ -128,6 +128,8 @@ class Runner:
                     inputs = {k: inputs[k] for k in ("input_ids", "attention_mask")}
                     steps = BatchInvariant()
                 ends = adapter.eos_token_ids | stop_ids(adapter.tokenizer, batch[0].stop)
+                row_bytes = RowBytes(cache, len(batch), ends)
+                clock.on_token = row_bytes.on_token if cache is not None else None
                 first = shared.first_forward(cache, features) if shared and not invariant else contextlib.nullcontext()
                 with steps, first:
                     out = adapter.generator.generate(
@@ -146,8 +148,9 @@ class Runner:
             shared.commit()  # after the timing: keeping a prefill (a spill to disk) is not this method's time
         responses = []
         for b, (feature, tokens) in enumerate(zip(features, row_tokens(new, ends))):
-            kv_bytes = cache.row(b).nbytes() if cache is not None else {}
+            kv_bytes = row_bytes.of(b)
             cost = {**generation_cost(figures, len(tokens), kv_bytes), "batch": len(batch)}
+            cost.update(latency(figures, new.shape[1] - 1))
             cost["kernel_steps"] = min(cost.get("kernel_steps") or 0, cost["decode_steps"])  # a row that ended early
             cost["prefill_reused"] = int(reused[b])  # 1: another method ran this prompt's prefill (its time is theirs)
             responses.append(
@@ -181,7 +184,8 @@ class Runner:
         """Teacher-forced NLL of each text's scored tokens (harness/scoring.py), with each token's KL to BF16 and top-1
         agreement where the run shares a store (self.prefills); a text with too few tokens gets an error response, the
         others are scored together."""
-        from harness.scoring import divergence_for, per_sequence, request_ids, score_batch
+        from harness.scoring import divergence_for, request_ids, score_batch
+        from quant.cache import per_sequence
 
         adapter = self.adapter
         start = time.perf_counter()

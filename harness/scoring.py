@@ -345,16 +345,3 @@ def score_batch(
     if divergence is not None and divergence.keep and prefills is not None:
         prefills.keep_references(model, ids, context, divergence.states())
     return nll, reused
-
-
-def per_sequence(kv: dict, rows: int) -> dict:
-    """A batch's cache bytes (quant.cache.QuantizedKVCache.nbytes) per sequence: every row holds as many tokens."""
-    out = {}
-    for key, value in kv.items():
-        if isinstance(value, dict):
-            out[key] = per_sequence(value, rows)
-        elif isinstance(value, list):
-            out[key] = [x // rows for x in value]
-        else:
-            out[key] = value // rows if isinstance(value, int) else value
-    return out

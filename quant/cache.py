@@ -100,11 +100,13 @@ class QuantizedKVCache(Cache):
         ]
         self.shared["pads"] = pads  # methods that watch the model's activations skip them (RotateKV's sinks)
 
-    def row(self, b: int) -> "QuantizedKVCache":
+    def row(self, b: int) -> "QuantizedKVCache | EvenShare":
         """Sequence `b` of a padded batch as a cache of its own (its layers, state and modality tags; quant/rows.py),
-        for per-sequence accounting: `cache.row(b).nbytes()`. Without padding, the cache itself."""
+        for per-sequence accounting: `cache.row(b).nbytes()`. Without padding every row holds as many tokens: an
+        even share of the cache (EvenShare)."""
         if not isinstance(self.layers[0], RowsLayer):
-            return self
+            rows = next((layer.batch for layer in self.layers if layer.is_initialized), 1)
+            return EvenShare(self, rows)
         view = object.__new__(type(self))
         view.__dict__.update(self.__dict__)
         view.layers = [layer.row(b) for layer in self.layers]
@@ -259,3 +261,26 @@ def fast_decode_ready(kernels: KernelOptions, model) -> bool:
         FAST_ATTENTION,
         FAST_ATTENTION + "_invariant",  # the same function, row by row at masked steps (quant/invariant.py)
     )
+
+
+class EvenShare:
+    """One row's share of a cache whose rows hold the same number of tokens: `nbytes()` is the cache's over `rows`."""
+
+    def __init__(self, cache, rows: int):
+        self.cache, self.rows = cache, rows
+
+    def nbytes(self) -> dict[str, Any]:
+        return per_sequence(self.cache.nbytes(), self.rows)
+
+
+def per_sequence(kv: dict, rows: int) -> dict:
+    """A batch's cache bytes (QuantizedKVCache.nbytes) per sequence, where every row holds as many tokens."""
+    out = {}
+    for key, value in kv.items():
+        if isinstance(value, dict):
+            out[key] = per_sequence(value, rows)
+        elif isinstance(value, list):
+            out[key] = [x // rows for x in value]
+        else:
+            out[key] = value // rows if isinstance(value, int) else value
+    return out

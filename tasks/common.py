@@ -88,3 +88,24 @@ def hub_snapshot(repo_id: str) -> Path | None:
         )
     except Exception:  # LocalEntryNotFoundError, or huggingface_hub missing: both mean "not cached"
         return None
+
+
+def audio_problem(head: bytes, size: int) -> str | None:
+    """What is wrong with an audio file that decoders read without complaint, from its first 12 bytes and its size: a
+    RIFF/WAVE file shorter than its header declares (cut off in a copy or a download) decodes as the few samples
+    left. None when nothing is seen (a header of unknown size, 0 or 0xFFFFFFFF, as streamed WAVs write, is not
+    checked)."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        riff = int.from_bytes(head[4:8], "little")
+        if 0 < riff < 0xFFFFFFFF and size < riff + 8:
+            return f"truncated: its RIFF header declares {riff + 8} bytes, the file holds {size}"
+    return None
+
+
+def decode_failure(exc: BaseException) -> str:
+    """A decoder's exception as a reason: its type and message, or, where it gives none (audioread's NoBackendError),
+    what that means."""
+    text = str(exc).strip()
+    if text:
+        return f"{type(exc).__name__}: {text}"
+    return f"{type(exc).__name__} (no installed decoder reads it: not an audio file, or corrupt)"

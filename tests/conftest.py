@@ -11,6 +11,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (`make test` runs one worker per core) each worker keeps to its share of the cores: torch's
+# default of one thread per core in every worker would oversubscribe them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
 
 # The GPU markers, defined once: a test marked `gpu` needs a CUDA device; one marked `cuda_kernels` also needs the
 # project's CUDA kernels to build (an sm_80+ GPU and nvcc). Unmarked tests run everywhere (CI: 2 CPU cores).

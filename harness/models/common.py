@@ -31,6 +31,11 @@ def resolve_weights(hub_id: str, model_path: str | None = None) -> str:
     """
     path = model_path or os.environ.get("MODEL_PATH")
     if path:
+        if not Path(path).is_dir():
+            raise ModelLoadError(
+                f"{path!r} does not exist (or is not a folder). Point MODEL_PATH (or --model-path) at the local copy "
+                f"of {hub_id}: the folder that holds config.json and the *.safetensors files."
+            )
         if not (Path(path) / "config.json").is_file():
             raise ModelLoadError(
                 f"{path!r} holds no config.json, so it is not a copy of {hub_id}. Point MODEL_PATH "
@@ -85,6 +90,32 @@ def parse_dtype(dtype: Any):
     if dtype not in names:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)} or 'auto'")
     return names[dtype]
+
+
+def check_device(device: str | None, backend: str | None = None, device_map: str | None = None) -> None:
+    """Refuse, in one line and before any weight loads, a device this torch cannot use (a bad name, CUDA on a build or
+    machine without it, a GPU index past the last) and a kernel backend that cannot run here: `cuda` needs a GPU,
+    `triton` a GPU or Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    cuda = torch.cuda.is_available()
+    if device is not None and device_map is None:
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N") from None
+        if parsed.type == "cuda" and not cuda:
+            build = "this torch has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"--device {device}: {build} (torch {torch.__version__}); use --device cpu")
+        if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s)")
+    on_gpu = cuda if device is None else str(device).startswith("cuda")
+    interpreter = os.environ.get("TRITON_INTERPRET") == "1"
+    if backend == "cuda" and not on_gpu:
+        raise ValueError("--backend cuda needs a CUDA GPU; on the CPU leave it out (the torch reference runs)")
+    if backend == "triton" and not on_gpu and not interpreter:
+        raise ValueError(
+            "--backend triton needs a CUDA GPU (or Triton's CPU interpreter: TRITON_INTERPRET=1, for tests); "
+            "on the CPU leave it out"
+        )
 
 
 def build_processor(processor_cls, path: str, **parts):

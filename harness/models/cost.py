@@ -38,6 +38,7 @@ class GenerationClock:
         self.finished: float | None = None
         self.calls = 0
         self._prompt_given = False
+        self.on_token = None  # called with each step's new tokens [B] (on the host), before the next step runs
 
     def begin(self) -> None:
         """The prefill starts before `generate` (the batch-invariant mode prefills each prompt alone): stamp it now;
@@ -52,8 +53,11 @@ class GenerationClock:
         self.calls += 1
         if self.calls == 1:
             self.started = now  # the prompt, handed over before the prefill forward
-        elif self.calls == 2:
+            return
+        if self.calls == 2:
             self.first = now  # the first new token, on the host after its step
+        if self.on_token is not None:
+            self.on_token(value)
 
     def end(self) -> None:
         if self.finished is None:
@@ -138,3 +142,33 @@ def generation_cost(figures: dict[str, Any], new_tokens: int, kv_bytes: dict[str
         "kv_bytes": int(kv_bytes.get("total") or 0) if kv_bytes else 0,
         "calls": 1,
     }
+
+
+def latency(figures: dict[str, Any], steps: int) -> dict[str, float | None]:
+    """Time to first token (the call's prompt hand-over to its first new token: the prefill and the first step) and
+    time per output token after it (the call's decode time over its `steps` decode steps: those of its longest row),
+    as serving engines and lmms-eval report them per request. In a batch every row waits for the batch."""
+    decode = figures.get("decode_s")
+    return {
+        "ttft_s": figures.get("prefill_s"),
+        "tpot_s": decode / steps if decode is not None and steps > 0 else None,
+    }
+
+
+class RowBytes:
+    """Each row's cache bytes as it would hold them alone: read when the row's end token is chosen (before a next
+    step could store it), so the steps a batch runs on after a row ended never count; a row that runs to the token
+    budget is read after generate. `on_token` goes to GenerationClock.on_token."""
+
+    def __init__(self, cache, rows: int, ends: set[int]):
+        self.cache, self.ends, self.ended = cache, ends, [None] * rows
+
+    def on_token(self, tokens) -> None:
+        for b, token in enumerate(tokens.reshape(-1).tolist()):
+            if self.ended[b] is None and token in self.ends:
+                self.ended[b] = self.cache.row(b).nbytes()
+
+    def of(self, row: int) -> dict[str, Any]:
+        if self.cache is None:
+            return {}
+        return self.ended[row] if self.ended[row] is not None else self.cache.row(row).nbytes()

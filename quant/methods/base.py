@@ -88,6 +88,11 @@ class MethodConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, **dataclasses.asdict(self)}
 
+    def cannot_run(self, model) -> str | None:
+        """Why this method cannot run on `model` (a transformers model), in one line, or None. The eval loop asks
+        before any item, so `--quant all` skips such a method instead of failing every item."""
+        return None
+
     @property
     def bits(self) -> float:
         """Nominal bits per code (the method's headline bit width)."""

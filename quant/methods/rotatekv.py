@@ -76,6 +76,13 @@ class RotateKVConfig(MethodConfig):
     def make_layer(self, ctx):
         return RotateKVLayer(self, ctx)
 
+    def cannot_run(self, model) -> str | None:
+        try:
+            find_rope(model)
+        except ValueError as err:  # its pre-RoPE rotation needs the model's rotary embedding (Whisper has none)
+            return str(err)
+        return None
+
     def prepare(self, model, tokenizer, shared: dict) -> None:
         """Find the model's rotary embedding, install the sink hooks, calibrate the permutations."""
         shared["rope"] = find_rope(model)

@@ -30,6 +30,7 @@ import numpy as np
 
 from tasks import common
 from tasks.base import TaskDataError
+from tasks.common import audio_problem, decode_failure
 
 ENV_PATH = "ASR_PATH"
 SAMPLE_RATE = common.AUDIO_SAMPLE_RATE
@@ -206,10 +207,17 @@ def load_clip(item: dict[str, Any]) -> np.ndarray:
             source = cell["path"]
         else:
             raise TaskDataError(f"item {item['id']}: {where} holds no audio bytes and no readable path")
+    if isinstance(source, io.BytesIO):
+        problem = audio_problem(source.getvalue()[:12], len(source.getvalue()))
+    else:
+        with open(source, "rb") as f:
+            problem = audio_problem(f.read(12), Path(source).stat().st_size)
+    if problem:
+        raise TaskDataError(f"item {item['id']}: audio {where!r} is {problem}")
     try:
         clip = decode(source)
     except Exception as exc:  # decoders raise many types; all mean "this file is bad"
-        raise TaskDataError(f"item {item['id']}: audio {where!r} could not be decoded: {exc}") from exc
+        raise TaskDataError(f"item {item['id']}: audio {where!r} could not be decoded: {decode_failure(exc)}") from exc
     if clip.size == 0:
         raise TaskDataError(f"item {item['id']}: audio {where!r} is empty")
     return clip

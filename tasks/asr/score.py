@@ -131,12 +131,20 @@ def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     wer: corpus WER in percent over the scored items; nll: mean negative log-likelihood per reference token of the
     teacher-forced references. Failed items (no transcript or no likelihood) are counted in "failed" and left out,
-    as perplexity leaves out a failed window. Cheap: it only sums the per-item counts, so the harness' bootstrap can
-    call it on every resample."""
+    as perplexity leaves out a failed window; items whose reference normalises to no words are left out too. Cheap:
+    it only sums the per-item counts, so the harness' bootstrap can call it on every resample."""
     ok = [r for r in records if "error" not in r]
-    metrics = {**_summary(ok), "n": len(records), "failed": len(records) - len(ok)}
+    # The Open ASR Leaderboard drops an utterance whose reference normalises to nothing ("hmm", "<noise>"): every
+    # word of its hypothesis would count as an insertion against no reference. Counted in "empty_references".
+    scored = [r for r in ok if r["scores"]["words"] > 0]
+    metrics = {
+        **_summary(scored),
+        "n": len(records),
+        "failed": len(records) - len(ok),
+        "empty_references": len(ok) - len(scored),
+    }
     by_category: dict[str, list[dict[str, Any]]] = {}
-    for r in ok:
+    for r in scored:
         if r.get("category"):
             by_category.setdefault(r["category"], []).append(r)
     categories = {}

@@ -27,6 +27,7 @@ import numpy as np
 
 from tasks import common
 from tasks.base import TaskDataError
+from tasks.common import audio_problem, decode_failure
 from tasks.mmau_pro.aif import clean_kwargs
 
 HUB_ID = "gamma-lab-umd/MMAU-Pro"
@@ -154,10 +155,14 @@ def load_clips(item: dict[str, Any]) -> list[np.ndarray]:
     clips = []
     for rel in item["audio_path"]:
         raw = _read_clip_bytes(item, rel)
+        problem = audio_problem(raw[:12], len(raw))
+        if problem:
+            raise TaskDataError(f"item {item['id']}: audio {rel!r} is {problem}")
         try:
             clip = decode_clip(raw)
         except Exception as exc:  # decoders raise many types; all mean "this file is bad"
-            raise TaskDataError(f"item {item['id']}: audio {rel!r} could not be decoded: {exc}") from exc
+            why = decode_failure(exc)
+            raise TaskDataError(f"item {item['id']}: audio {rel!r} could not be decoded: {why}") from exc
         if clip.size == 0:
             raise TaskDataError(f"item {item['id']}: audio {rel!r} is empty")
         clips.append(clip)

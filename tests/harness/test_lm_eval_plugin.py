@@ -125,7 +125,7 @@ def test_command_matches_oscar_eval_on_longbench_rows(tmp_path, model):
     data = write_longbench(tmp_path / "longbench")
     adapter = models.load(model, device="cpu")
     out = str(tmp_path / "ours" / "{method}.json")
-    ours = run.evaluate(model, "oscar", task=task, data=str(data), out=out, n_resamples=20, adapter=adapter)[0]
+    ours = run.evaluate(model, "oscar", task=task, data=str(data), out=out, adapter=adapter)[0]
     assert ours["n_errors"] == 0
     items = task.load(str(data))
     assert [s["id"] for s in ours["samples"]] == [item["id"] for item in items]

@@ -42,6 +42,25 @@ def test_the_closure_follows_module_level_imports_only():
     assert not any(name.startswith("harness") for name in method)
 
 
+def test_a_method_part_holds_its_own_files_and_no_other_methods():
+    # a change to one method's file stales that method's results only: the cache reaches the engine and the registry,
+    # which import every method, but a part follows only its own method's files (and shared ones: base, protocol)
+    kivi = set(P.closure(["quant.methods.kivi", *P.CACHE], method="kivi"))
+    oscar = set(P.closure(["quant.methods.oscar", *P.CACHE], method="oscar"))
+    assert {"quant.methods.kivi", "quant.methods.base", "quant.engine.protocol"} <= kivi
+    assert not kivi & {"quant.methods.oscar", "quant.engine.oscar", "quant.engine.bf16", "quant.methods.bf16"}
+    assert {"quant.methods.oscar", "quant.engine.oscar"} <= oscar and "quant.methods.kivi" not in oscar
+    assert P.REGISTRY not in kivi | oscar  # the presets: a result's config is compared with its preset directly
+    loop = set(P.closure([*P.LOOP, "harness.models.text.adapter"]))
+    assert not loop & P.method_files() and P.REGISTRY not in loop
+    kivi_parts = P.code_parts("quant.methods.kivi", "tasks.ppl", "harness.models.text.adapter")
+    oscar_parts = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text.adapter")
+    assert kivi_parts["method"] != oscar_parts["method"]
+    assert {k: v for k, v in kivi_parts.items() if k != "method"} == {
+        k: v for k, v in oscar_parts.items() if k != "method"
+    }
+
+
 def test_parts_name_the_code_of_a_run_and_the_kernels_only_on_a_kernel_backend():
     cpu = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text.adapter")
     gpu = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text.adapter", backend="cuda")

@@ -99,6 +99,19 @@ def test_progress_resumes_and_refuses_other_settings(tmp_path):
     assert R.open_progress(path, {**ident, "method": {"bits": 3}}, restart=True).done_ids == set()
 
 
+def test_a_failed_item_is_tried_again_on_resume_and_its_last_line_counts(tmp_path):
+    path = tmp_path / "m.partial.jsonl"
+    ident = {"model": "m", "method": {"name": "kivi"}}
+    p = R.open_progress(path, ident)
+    p.add({"id": "a", "error": "item a: image.png could not be read"})
+    p.add({"id": "b", "score": 1})
+    again = R.open_progress(path, ident)
+    assert again.done_ids == {"b"} and again.failed == 1  # a's cause may be fixed since: it runs again
+    again.add({"id": "a", "score": 0})
+    last = R.open_progress(path, ident)
+    assert last.done_ids == {"a", "b"} and last.failed == 0 and {r["id"]: r for r in last.records}["a"]["score"] == 0
+
+
 def test_records_keep_task_order():
     recs = [{"id": "c"}, {"id": "a"}, {"id": "b"}]
     assert [r["id"] for r in R.records_in_order(recs, ["a", "b", "c", "d"])] == ["a", "b", "c"]

@@ -65,13 +65,13 @@ def test_eval_writes_valid_results_and_resumes_after_a_crash(tmp_path, adapter, 
     out = str(tmp_path / "{task}" / "{model}" / "{method}.json")
     crashing = CrashingTask(task, crash_at=1)
     with pytest.raises(RuntimeError, match="finished items are kept; rerun to resume"):
-        run.evaluate("smollm2-135m", "kivi", task=crashing, limit=3, out=out, adapter=adapter, n_resamples=50)
+        run.evaluate("smollm2-135m", "kivi", task=crashing, limit=3, out=out, adapter=adapter)
     partial = tmp_path / "ppl" / "smollm2-135m" / "kivi.first3.partial.jsonl"  # the first 3 windows: a partial run
     kept = [json.loads(line)["record"] for line in partial.read_text().splitlines()[1:]]
     assert [r["id"] for r in kept] == crashing.calls and len(kept) == 1
 
     resumed = CrashingTask(task, crash_at=99)
-    [result] = run.evaluate("smollm2-135m", "kivi", task=resumed, limit=3, out=out, adapter=adapter, n_resamples=50)
+    [result] = run.evaluate("smollm2-135m", "kivi", task=resumed, limit=3, out=out, adapter=adapter)
     assert len(resumed.calls) == 2 and kept[0]["id"] not in resumed.calls  # only the rest ran
     assert result["samples"][0] == kept[0]  # the first session's record, untouched
     assert not partial.exists()
@@ -86,9 +86,7 @@ def test_result_fields_and_up_to_date_skip(tmp_path, adapter, task, capsys):
     # QuaRot as its own paper runs it quantizes every token (no full-precision window): even these short windows
     # are 2-bit.
     out = str(tmp_path / "{method}.json")
-    first = run.evaluate(
-        "smollm2-135m", "bf16,quarot-own-paper", task=task, limit=2, out=out, adapter=adapter, n_resamples=50
-    )
+    first = run.evaluate("smollm2-135m", "bf16,quarot-own-paper", task=task, limit=2, out=out, adapter=adapter)
     bf16, quarot = first
     m = quarot["metrics"]["ppl"]
     assert m["higher_is_better"] is False and m["n"] == 2 and m["ci_low"] <= m["value"] <= m["ci_high"]
@@ -100,9 +98,7 @@ def test_result_fields_and_up_to_date_skip(tmp_path, adapter, task, capsys):
     assert quarot["environment"]["packages"]["torch"]
     table = run.summary_table(first)
     assert table.splitlines()[0].split()[:3] == ["method", "metric", "value"] and "quarot" in table
-    again = run.evaluate(
-        "smollm2-135m", "quarot-own-paper", task=task, limit=2, out=out, adapter=adapter, n_resamples=50
-    )
+    again = run.evaluate("smollm2-135m", "quarot-own-paper", task=task, limit=2, out=out, adapter=adapter)
     assert again[0] == quarot and "up to date, skipped" in capsys.readouterr().err
 
 
@@ -131,7 +127,7 @@ def test_a_tweaked_or_partial_run_never_takes_a_presets_name(tmp_path, adapter, 
     license_text = Path(task.sources(None)[0]).read_text(encoding="utf-8")
     text.write_text(license_text[: 4 * task.window_chars - 1], encoding="utf-8")
     items = len(task.load(str(text), None))
-    run_ = dict(task=task, data=str(text), out=out, adapter=adapter, n_resamples=20)
+    run_ = dict(task=task, data=str(text), out=out, adapter=adapter)
     [whole] = run.evaluate("smollm2-135m", "kivi", **run_)
     [tweaked] = run.evaluate("smollm2-135m", "kivi", **run_, quant_opts="group_size=64,value_flush=fifo")
     [part] = run.evaluate("smollm2-135m", "kivi", **run_, limit=1)
@@ -151,28 +147,64 @@ def test_a_tweaked_or_partial_run_never_takes_a_presets_name(tmp_path, adapter, 
     assert whole["task"]["n_total"] == items and set(whole["code"]) == {"method", "task", "model", "prepare"}
 
 
+def test_every_setting_outside_the_config_gets_a_file_of_its_own(tmp_path, adapter, task):
+    """A seed, a bootstrap, a backend or a kernel option that a plain run does not have is in the result's name
+    (after an "@") and file, so it never replaces the preset's result; custom data lands in a folder named by its
+    content, so two folders of other items never share one and a renamed copy finds its results."""
+    from quant.kernels.options import KernelOptions
+
+    out = str(tmp_path / "{task}" / "{method}.json")
+    license_text = Path(task.sources(None)[0]).read_text(encoding="utf-8")
+    first, second = tmp_path / "a" / "set.txt", tmp_path / "b" / "set.txt"
+    for path, start in ((first, 0), (second, 5000)):
+        path.parent.mkdir()
+        path.write_text(license_text[start : start + 2 * task.window_chars - 1], encoding="utf-8")
+    run_ = dict(task=task, out=out, adapter=adapter)
+    [plain] = run.evaluate("smollm2-135m", "kivi", data=str(first), **run_)
+    run.evaluate("smollm2-135m", "kivi", data=str(first), seed=1, **run_)
+    run.evaluate("smollm2-135m", "kivi", data=str(first), n_resamples=0, **run_)
+    run.evaluate("smollm2-135m", "kivi", data=str(first), kernels=KernelOptions(batch_invariant=True), **run_)
+    [oscar] = run.evaluate("smollm2-135m", "oscar", data=str(first), backend="triton", **run_)  # the interpreter
+    [other] = run.evaluate("smollm2-135m", "kivi", data=str(second), **run_)
+    assert oscar["method"]["name"] == "oscar@backend=triton" and plain["method"]["name"] == "kivi"
+    folders = {p.parent.name for p in tmp_path.rglob("*.json")}
+    assert len(folders) == 2 and all(f.startswith("ppl.custom-") for f in folders)
+    ours = sorted(
+        p.name for p in (tmp_path / R.task_dir("ppl", str(first), plain["task"]["data_fingerprint"])).glob("*")
+    )
+    assert ours == [
+        "kivi.json",  # the set holds one window: the whole set
+        "kivi@batch_invariant=on.json",
+        "kivi@resamples=0.json",
+        "kivi@seed=1.json",
+        "oscar@backend=triton.json",
+    ]
+    assert other["task"]["data_fingerprint"] != plain["task"]["data_fingerprint"]
+    from harness.provenance import preset_drift
+
+    assert preset_drift(oscar) is None  # run settings are not config fields
+
+
 def test_a_result_of_other_code_reruns_and_a_killed_forced_run_resumes(tmp_path, adapter, task, capsys):
     out = str(tmp_path / "{method}.json")
     path = tmp_path / "kivi.first3.json"
-    [first] = run.evaluate("smollm2-135m", "kivi", task=task, limit=3, out=out, adapter=adapter, n_resamples=20)
+    [first] = run.evaluate("smollm2-135m", "kivi", task=task, limit=3, out=out, adapter=adapter)
     # Another version of the task's code wrote it: not up to date, rerun with the reason given.
     old = R.read_result(path)
     old["code"]["task"] = "sha256:0000000000000000"
     R.write_result(old, path)
     capsys.readouterr()
-    run.evaluate("smollm2-135m", "kivi", task=task, limit=3, out=out, adapter=adapter, n_resamples=20)
+    run.evaluate("smollm2-135m", "kivi", task=task, limit=3, out=out, adapter=adapter)
     assert "rerunning, the result there differs from this run: task code changed since" in capsys.readouterr().err
     assert R.read_result(path)["code"] == first["code"]
     # A forced rerun dies after one item; the same command resumes it, and a plain run reports what is left behind.
     crashing = CrashingTask(task, crash_at=1)
     with pytest.raises(RuntimeError, match="rerun to resume"):
-        run.evaluate(
-            "smollm2-135m", "kivi", task=crashing, limit=3, out=out, adapter=adapter, n_resamples=20, force=True
-        )
-    run.evaluate("smollm2-135m", "kivi", task=task, limit=3, out=out, adapter=adapter, n_resamples=20)
+        run.evaluate("smollm2-135m", "kivi", task=crashing, limit=3, out=out, adapter=adapter, force=True)
+    run.evaluate("smollm2-135m", "kivi", task=task, limit=3, out=out, adapter=adapter)
     assert "an unfinished run's progress (1 items) is left here; rerun with --force" in capsys.readouterr().err
     resumed = CrashingTask(task, crash_at=99)
-    run.evaluate("smollm2-135m", "kivi", task=resumed, limit=3, out=out, adapter=adapter, n_resamples=20, force=True)
+    run.evaluate("smollm2-135m", "kivi", task=resumed, limit=3, out=out, adapter=adapter, force=True)
     assert len(resumed.calls) == 2 and crashing.calls[0] not in resumed.calls
     assert "resuming, 1 of 3 items already recorded" in capsys.readouterr().err
     assert not R.progress_paths(path)
@@ -189,3 +221,39 @@ def test_bad_option_values_exit_2_with_one_line(capsys, opts, words):
     assert cli(["eval", "--model", "smollm2-135m", "--quant", "oscar", "--quant-opts", opts]) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1
+
+
+CPU_ONLY = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusals of a machine without a GPU")
+
+
+@pytest.mark.parametrize(
+    "opts, words",
+    [
+        (["--dtype", "foo"], "unknown dtype 'foo'; use one of bf16"),
+        (["--device", "cpux"], "--device 'cpux' is not a device; use cpu, cuda or cuda:N"),
+        pytest.param(["--device", "cuda"], "--device cuda: ", marks=CPU_ONLY),
+        pytest.param(["--backend", "cuda"], "--backend cuda needs a CUDA GPU", marks=CPU_ONLY),
+    ],
+)
+def test_a_device_dtype_or_backend_this_machine_cannot_run_is_one_line_before_loading(capsys, monkeypatch, opts, words):
+    from harness import models as M
+
+    def never(*args, **kwargs):
+        raise AssertionError("weights loaded before the refusal")
+
+    monkeypatch.setattr(M, "load", never)
+    monkeypatch.setattr(M, "check_weights", never)
+    assert cli(["eval", "--model", "smollm2-135m", "--quant", "bf16", *opts]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1
+
+
+@CPU_ONLY
+def test_triton_on_the_cpu_runs_only_under_the_interpreter(monkeypatch):
+    from harness.models.common import check_device
+
+    check_device(None, "triton")  # the tests run under TRITON_INTERPRET=1 (tests/conftest.py)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="--backend triton needs a CUDA GPU"):
+        check_device(None, "triton")
+    check_device("cpu", None)

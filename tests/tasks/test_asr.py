@@ -40,7 +40,7 @@ def record(item_id: str, errors: int, words: int, nll_sum: float = 1.0, n_tokens
     out = {
         "id": item_id,
         "scores": {
-            "wer": 100 * errors / words,
+            "wer": 100 * errors / words if words else None,
             "errors": errors,
             "words": words,
             "nll_sum": nll_sum,
@@ -103,6 +103,22 @@ def test_corpus_wer_sums_errors_and_words_and_leaves_failed_items_out():
     assert (m["tokens"], m["n"], m["failed"]) == (12, 3, 1)
     assert out["categories"]["x"] == {"wer": pytest.approx(10.0), "nll": pytest.approx(0.3), "n": 1}
     assert out["categories"]["y"]["wer"] == pytest.approx(100.0)
+
+
+@needs_spelling_map
+def test_a_reference_that_normalises_to_nothing_is_left_out_as_the_open_asr_leaderboard_does():
+    """ "hmm" normalises to no words (Whisper's normaliser drops fillers): the Open ASR Leaderboard drops such an
+    utterance, else its hypothesis words would all count as insertions against an empty reference."""
+    assert score.normalize("Hmm.") == ""
+    empty = score.score_transcript("Hmm.", "I am here")
+    assert empty["words"] == 0 and empty["wer"] is None
+    records = [
+        record("a", errors=1, words=10, nll_sum=3.0, n_tokens=10),
+        {**record("h", errors=empty["errors"], words=0, nll_sum=2.0, n_tokens=2)},
+    ]
+    m = TASK.aggregate(records)["metrics"]
+    assert m["wer"] == pytest.approx(10.0) and m["nll"] == pytest.approx(0.3)
+    assert (m["n"], m["failed"], m["empty_references"]) == (2, 0, 1)
 
 
 def test_harness_intervals_and_paired_test_resample_items_through_aggregate():
@@ -188,6 +204,23 @@ def test_a_corrupt_an_empty_or_a_missing_clip_fails_its_item(tmp_path):
     (tmp_path / "silent.wav").unlink()
     with pytest.raises(TaskDataError, match="item silent: audio file .* not found"):
         TASK.requests(items["silent"])
+
+
+def test_a_cut_off_wav_and_random_bytes_fail_with_a_reason(tmp_path):
+    """A WAV cut after its header still decodes, as the few samples left: its header's size gives it away. Bytes no
+    decoder reads get a reason even where the decoder gives none."""
+    write_wav(tmp_path / "whole.wav", sine(1.0, 16000), 16000)
+    (tmp_path / "cut.wav").write_bytes((tmp_path / "whole.wav").read_bytes()[:200])
+    (tmp_path / "noise.wav").write_bytes(np.random.default_rng(0).bytes(5000))
+    for name in ("whole", "cut", "noise"):
+        (tmp_path / f"{name}.txt").write_text("some words")
+    items = {i["id"]: i for i in TASK.load(str(tmp_path))}
+    assert len(TASK.requests(items["whole"])) == 2
+    with pytest.raises(TaskDataError, match=r"item cut: audio .*cut.wav' is truncated: its RIFF header declares \d+ "):
+        TASK.requests(items["cut"])
+    with pytest.raises(TaskDataError, match=r"item noise: audio .*noise.wav' could not be decoded: \w+.{3,}") as err:
+        TASK.requests(items["noise"])
+    assert not str(err.value).endswith("decoded: ")
 
 
 @needs_spelling_map
@@ -289,7 +322,6 @@ def test_tiny_whisper_runs_the_task_through_the_eval_loop(folder, tmp_path):
         task=ASRTask(max_new_tokens=4),
         data=str(folder),
         out=str(tmp_path / "runs" / "{method}.json"),
-        n_resamples=20,
     )
     nll = {}
     for result in results:
@@ -301,3 +333,21 @@ def test_tiny_whisper_runs_the_task_through_the_eval_loop(folder, tmp_path):
         assert result["task"]["settings"]["data_source"]["kind"] == "path"
         nll[result["method"]["name"]] = samples["a"]["scores"]["nll_sum"]
     assert nll["bf16"] != nll["oscar"]  # the reference's tokens read the quantized caches
+
+
+def test_a_method_the_model_cannot_run_is_skipped_before_any_item(folder, tmp_path, capsys):
+    """RotateKV rotates keys before RoPE, and Whisper has no RoPE: `--quant all` runs the others and says in one line
+    what it skips; no progress file is left for it. Alone, it is refused before any item."""
+    from harness import models, run
+
+    if "tiny-whisper" not in models.MODELS:
+        pytest.skip("the Whisper family (harness/models/whisper/) is not registered here")
+    out = tmp_path / "runs" / "{method}.json"
+    results = run.evaluate(
+        "tiny-whisper", "bf16,rotatekv", task=ASRTask(max_new_tokens=2), data=str(folder), out=str(out)
+    )
+    assert [r["method"]["name"] for r in results] == ["bf16"]
+    assert "tiny-whisper: skipping rotatekv: rotatekv needs a RoPE model" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["bf16.json"]
+    with pytest.raises(ValueError, match="tiny-whisper: rotatekv needs a RoPE model"):
+        run.evaluate("tiny-whisper", "rotatekv", task=ASRTask(max_new_tokens=2), data=str(folder), out=str(out))

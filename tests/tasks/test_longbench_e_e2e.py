@@ -58,7 +58,6 @@ def test_bf16_and_oscar_on_a_few_generated_items(dataset, adapter, tmp_path):
         data=str(dataset),
         adapter=adapter,
         out=str(tmp_path / "{task}" / "{model}" / "{method}.json"),
-        n_resamples=20,
     )
     assert [r["method"]["name"] for r in results] == ["bf16", "oscar"]
     for result in results:

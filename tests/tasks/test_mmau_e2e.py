@@ -54,7 +54,6 @@ def test_every_method_on_tiny_qwen3_omni(dataset, task, tmp_path):
         data=str(dataset),
         adapter=adapter,
         out=str(tmp_path / "{method}.json"),
-        n_resamples=20,
     )
     assert [r["method"]["name"] for r in results] == quant.list_methods()
     for result in results:

@@ -22,7 +22,6 @@ def test_random_weights_are_not_scored_by_models(tmp_path):
         limit=5,
         adapter=tiny("qwen3_omni"),
         out=str(tmp_path / "{method}.json"),
-        n_resamples=20,
     )
     kinds = {s["id"]: s["kind"] for s in result["samples"]}
     assert set(kinds.values()) == {"closed", "open", "aif"}  # the first five items: every kind

@@ -35,7 +35,6 @@ def results(adapter, tmp_path_factory):
         task=task,
         adapter=adapter,
         out=str(out / "{task}" / "{model}" / "{method}.json"),
-        n_resamples=20,
     ), out
 
 

@@ -58,7 +58,6 @@ def test_every_method_on_tiny_qwen3_vl(dataset, tmp_path):
         data=str(dataset),
         adapter=adapter,
         out=str(tmp_path / "{task}" / "{model}" / "{method}.json"),
-        n_resamples=20,
     )
     assert [r["method"]["name"] for r in results] == quant.list_methods()
     for result in results:
@@ -76,7 +75,6 @@ def test_llava_family_runs_too(dataset, tmp_path):
         data=str(dataset),
         adapter=adapter,
         out=str(tmp_path / "{method}.json"),
-        n_resamples=20,
     )
     for result in results:
         _check_result(result, 12)

@@ -101,7 +101,6 @@ def test_a_text_short_of_tokens_fails_its_last_windows_with_the_fix(tmp_path, mo
         data=str(path),
         out=str(tmp_path / "{method}.json"),
         adapter=tiny_adapter(),
-        n_resamples=20,
     )
     failed = [s for s in result["samples"] if "error" in s]
     assert len(result["samples"]) == 30 and len(failed) == 15 and result["n_errors"] == 15

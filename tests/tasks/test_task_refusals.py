@@ -113,7 +113,6 @@ def test_the_summary_lists_failures(aif_only, tmp_path, monkeypatch):
         data=str(aif_only),
         adapter=tiny("qwen3_omni"),
         out=str(tmp_path / "{method}.json"),
-        n_resamples=20,
     )
     assert result["n_errors"] == 1 and result["categories"]["instruction following"]["metrics"]["n_failed_audio"] == 1
     assert failure_summary(result["samples"]) == {"audio": {"n": 1, "first": result["samples"][1]["error"]}}

@@ -88,6 +88,11 @@ def find_weights(spec, model_path=None) -> None:
     config.json, the packaged checkpoints their packages at the expected sizes."""
     path = model_path or os.environ.get("MODEL_PATH")
     if path:
+        if not Path(path).is_dir():
+            raise ModelLoadError(
+                f"{path!r} does not exist (or is not a folder): point MODEL_PATH (or --model-path) at a transformers "
+                f"Whisper checkpoint folder, or unset it to use the packaged weights of {spec.name}"
+            )
         if not (Path(path) / "config.json").is_file():
             raise ModelLoadError(
                 f"{path!r} holds no config.json: point MODEL_PATH (or --model-path) at a transformers Whisper "

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import CacheLayerMixin, EncoderDecoderCache
 
-from quant.cache import MODALITIES, QuantizedKVCache
+from quant.cache import MODALITIES, QuantizedKVCache, per_sequence
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -158,8 +158,6 @@ class _Row:
         self.cache = cache
 
     def nbytes(self) -> dict[str, Any]:
-        from harness.scoring import per_sequence
-
         layers = self.cache.cross_attention_cache.layers
         rows = next((layer.batch for layer in layers if layer.is_initialized), 1)
         return per_sequence(self.cache.nbytes(), rows)
