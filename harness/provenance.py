@@ -114,19 +114,22 @@ def method_files() -> frozenset[str]:
 
 def closure(roots: list[str], method: str | None = None) -> dict[str, Path]:
     """{module: file} of `roots` and every project module they import at module level, transitively, leaving out
-    the method registry and every per-method module but `method`'s (e.g. "oscar"; None: all of them). A root is
-    always in."""
+    the method registry and the per-method modules that only the packages' registries import (every method's
+    file, engine layer), but `method`'s (e.g. "oscar"; None: none). A module that a followed module imports directly
+    is followed (a variant's file that builds on another method's); a root is always in."""
     own = {f"{package}.{method}" for package in METHOD_PACKAGES} if method else set()
-    skip = (method_files() - own) | {REGISTRY}
+    registries = set(METHOD_PACKAGES)
+    others = method_files() - own
     seen: dict[str, Path] = {}
     todo = list(roots)
     while todo:
         name = todo.pop()
         path = module_file(name)
-        if path is None or name in seen or (name in skip and name not in roots):
+        if path is None or name in seen or (name == REGISTRY and name not in roots):
             continue
         seen[name] = path
-        todo.extend(imports_of(name, path))
+        imported = imports_of(name, path)
+        todo.extend(m for m in imported if not (name in registries and m in others))
     return dict(sorted(seen.items()))
 
 

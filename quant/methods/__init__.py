@@ -11,6 +11,7 @@ from quant.methods.base import MethodConfig
 from quant.methods.bf16 import BF16Config
 from quant.methods.kivi import KIVIConfig
 from quant.methods.oscar import OScaRConfig
+from quant.methods.oscar_rope import OScaRPairwiseConfig, OScaRPreRoPEConfig
 from quant.methods.ott import OTTConfig
 from quant.methods.quarot import QuaRotConfig
 from quant.methods.rotatekv import RotateKVConfig
@@ -18,7 +19,17 @@ from quant.methods.turboquant import TurboQuantConfig
 
 METHODS: dict[str, type[MethodConfig]] = {
     cls.method: cls
-    for cls in (BF16Config, KIVIConfig, QuaRotConfig, RotateKVConfig, OTTConfig, TurboQuantConfig, OScaRConfig)
+    for cls in (
+        BF16Config,
+        KIVIConfig,
+        QuaRotConfig,
+        RotateKVConfig,
+        OTTConfig,
+        TurboQuantConfig,
+        OScaRConfig,
+        OScaRPairwiseConfig,
+        OScaRPreRoPEConfig,
+    )
 }
 
 # The paper comparison (the default, what `--quant all` runs): every method as OScaR's evaluation framework runs
@@ -57,6 +68,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "oscar-float-zero": ("oscar", {**PAPER, "group_size": 32, "zero_point": "float"}),  # ours: the float minimum
     # the 3-bit share on rotated coordinates: a split that protects no outlier
     "turboquant-rotated-split": ("turboquant", {**PAPER, "outlier_split": "rotated"}),
+    # ours: OScaR with its key rotation fitted to RoPE (quant/methods/oscar_rope.py)
+    "oscar-pairwise": ("oscar-pairwise", {**PAPER_INT, "group_size": 32}),
+    "oscar-prerope": ("oscar-prerope", {**PAPER_INT, "group_size": 32}),
 }
 
 PRESETS: dict[str, tuple[str, dict]] = {**PAPER_COMPARISON, **OWN_PAPER, **VARIANTS}
