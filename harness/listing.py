@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -91,10 +92,17 @@ def list_runs(args) -> list[str]:
     lines += [f"stale (`oscar-eval eval ... --force` reruns one): {len(stale)} of {len(rows)}"] + stale if stale else []
     unfinished = sorted(root.rglob("*.partial.jsonl")) if root.exists() else []
     lines += [
-        f"unfinished: {p} ({R.progress_count(p)} items recorded; rerun its command to resume, or delete it)"
-        for p in unfinished
+        f"unfinished: {p} ({R.progress_count(p)} items recorded; {_how_to_resume(p)}, or delete it)" for p in unfinished
     ]
     return lines
+
+
+def _how_to_resume(progress: Path) -> str:
+    """What resumes an unfinished run: its command again, or with --force where an up-to-date result sits beside it
+    (a forced rerun that was killed: without --force the command skips the result), as `oscar-eval eval` says."""
+    stem = re.sub(r"(\.rank\d+)?\.partial\.jsonl$", "", progress.name)
+    beside = progress.with_name(f"{stem}.json")
+    return "rerun its command with --force to resume" if beside.exists() else "rerun its command to resume"
 
 
 def _columns(rows, header) -> list[str]:
