@@ -45,7 +45,8 @@ ONLOAD = (
 # One (colour, marker) per preset (quant.methods.PRESETS), fixed so a method looks the same on every plot whichever
 # others are shown: BF16 grey, OScaR red, each comparison preset a strong colour, its own-paper preset or variant the
 # light shade of that colour (OScaR's float zero point light red), OScaR's RoPE-fitted variants dark red and
-# indigo, every marker distinct as well.
+# indigo, its guarded rotation dark cyan, Together AI's OSCAR goldenrod (its own-paper budget light), every marker
+# distinct as well.
 PRESET_STYLES = {
     "bf16": ("#555555", "o"),
     "kivi": ("#1f77b4", "s"),
@@ -64,10 +65,13 @@ PRESET_STYLES = {
     "turboquant-rotated-split": ("#bcbd22", "8"),
     "oscar-pairwise": ("#8b0000", "1"),
     "oscar-prerope": ("#4b0082", "2"),
+    "oscar-guarded": ("#008b8b", "+"),
+    "together-oscar": ("#b8860b", "3"),
+    "together-oscar-own-paper": ("#eedc82", "4"),
 }
 # Methods of no preset (a custom config's name) take pairs no preset uses, in the order they are shown.
 OTHER_COLOURS = ("#7f7f7f", "#c5b0d5", "#f7b6d2", "#dbdb8d", "#9edae5")
-MARKERS = "osD^v<>ph*PXdH812"
+MARKERS = "osD^v<>ph*PXdH81234+"
 FLOOR_COLOUR = "#000000"  # the bare-stream read floor of the speed plot: a bound, not a method, so no method's colour
 
 

@@ -11,10 +11,12 @@ from quant.methods.base import MethodConfig
 from quant.methods.bf16 import BF16Config
 from quant.methods.kivi import KIVIConfig
 from quant.methods.oscar import OScaRConfig
+from quant.methods.oscar_guarded import OScaRGuardedConfig
 from quant.methods.oscar_rope import OScaRPairwiseConfig, OScaRPreRoPEConfig
 from quant.methods.ott import OTTConfig
 from quant.methods.quarot import QuaRotConfig
 from quant.methods.rotatekv import RotateKVConfig
+from quant.methods.together_oscar import TogetherOSCARConfig
 from quant.methods.turboquant import TurboQuantConfig
 
 METHODS: dict[str, type[MethodConfig]] = {
@@ -29,6 +31,8 @@ METHODS: dict[str, type[MethodConfig]] = {
         OScaRConfig,
         OScaRPairwiseConfig,
         OScaRPreRoPEConfig,
+        OScaRGuardedConfig,
+        TogetherOSCARConfig,
     )
 }
 
@@ -61,9 +65,12 @@ OWN_PAPER: dict[str, tuple[str, dict]] = {
     "quarot-own-paper": ("quarot", {"residual_length": 0, "zero_point": "integer", "clip_ratio": 0.95}),
     "rotatekv-own-paper": ("rotatekv", {"residual_length": 0, "zero_point": "integer", "clip_ratio": 0.8}),
     "turboquant-own-paper": ("turboquant", {"residual_length": 0, "outlier_split": "channels"}),
+    # Together AI's OSCAR (arXiv 2605.17757, not OScaR) as its eval scripts run it: 64 sink + 256 recent exact tokens
+    "together-oscar-own-paper": ("together-oscar", {"sink_tokens": 64, "residual_length": 256, "flush": "ring8"}),
 }
 
-# Named options measured against the comparison (same window, one setting changed).
+# Named options measured against the comparison (same window, one setting changed), and a baseline run within its
+# budget (Together AI's OSCAR, whose own budget is an own-paper preset).
 VARIANTS: dict[str, tuple[str, dict]] = {
     "oscar-float-zero": ("oscar", {**PAPER, "group_size": 32, "zero_point": "float"}),  # ours: the float minimum
     # the 3-bit share on rotated coordinates: a split that protects no outlier
@@ -71,6 +78,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     # ours: OScaR with its key rotation fitted to RoPE (quant/methods/oscar_rope.py)
     "oscar-pairwise": ("oscar-pairwise", {**PAPER_INT, "group_size": 32}),
     "oscar-prerope": ("oscar-prerope", {**PAPER_INT, "group_size": 32}),
+    # ours: per sequence, layer and KV head, the key rotation rho predicts best (quant/methods/oscar_guarded.py)
+    "oscar-guarded": ("oscar-guarded", {**PAPER_INT, "group_size": 32}),
+    # Together AI's OSCAR (quant/methods/together_oscar.py), its own quantizer within the comparison's FP budget
+    "together-oscar": ("together-oscar", {**PAPER, "sink_tokens": 0, "flush": "block"}),
 }
 
 PRESETS: dict[str, tuple[str, dict]] = {**PAPER_COMPARISON, **OWN_PAPER, **VARIANTS}
