@@ -318,8 +318,7 @@ def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bo
     s = r["system"]
     kv = s["kv_bytes"]["total"]
     ref_kv = reference["system"]["kv_bytes"]["total"] if reference else None
-    window = r["method"]["config"].get("residual_length")
-    row = {"method": r["method"]["name"] + partial_tag(r), "window": "–" if window is None else str(window)}
+    row = {"method": r["method"]["name"] + partial_tag(r), "FP tokens": fp_tokens(r["method"])}
     if with_metric:  # the primary metric, then those the paired tables test too (asr's NLL, ppl's KL and top-1)
         for i, name in enumerate(paired_metrics(r)):
             row["metric" if i == 0 else f"metric:{name}"] = metric_cell(r["metrics"][name])
@@ -338,6 +337,19 @@ def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bo
         "device": s["device"],
         "commit": (r["environment"]["git_commit"] or "–")[:8] + (" (stale)" if r.get("_stale") else ""),
     }
+
+
+def fp_tokens(method: dict[str, Any]) -> str:
+    """The tokens a method keeps in full precision beside its codes: 'all' for BF16, 'S + W' with S sink tokens
+    (the prompt's first) and a window of the W newest, 'W' without sinks, '–' for a method with neither setting. A
+    method keeping more exact tokens has an easier task, so the tables never compare budgets silently."""
+    config = method["config"]
+    if config.get("method") == "bf16":
+        return "all"
+    window, sink = config.get("residual_length"), config.get("sink_tokens") or 0
+    if window is None:
+        return "–"
+    return f"{sink} + {window}" if sink else str(window)
 
 
 def partial_tag(r: dict[str, Any]) -> str:

@@ -15,9 +15,17 @@ WHAT = ("models", "methods", "tasks", "runs")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("what", nargs="?", choices=WHAT + ("all",), default="all")
     p.add_argument("--runs-dir", default=str(R.RUNS_DIR))
+    p.add_argument(
+        "--upgrade-fingerprints",
+        action="store_true",
+        help="rewrite the code digests of every up-to-date result in the current scheme (definitions, which a move "
+        "of code between files keeps); run it before moving code, so the move stales nothing",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.upgrade_fingerprints:
+        return upgrade_fingerprints(Path(args.runs_dir))
     sections = WHAT if args.what == "all" else (args.what,)
     for name in sections:
         print(f"{name}:")
@@ -95,6 +103,27 @@ def list_runs(args) -> list[str]:
         f"unfinished: {p} ({R.progress_count(p)} items recorded; {_how_to_resume(p)}, or delete it)" for p in unfinished
     ]
     return lines
+
+
+def upgrade_fingerprints(root: Path) -> int:
+    """Rewrite each up-to-date result of the first digest scheme with this checkout's digests in the current one:
+    being up to date, it ran this very code, whose definitions digest is therefore its own. A stale result is left
+    as it is (its old code cannot be digested again)."""
+    from harness import provenance
+
+    upgraded = stale = 0
+    for path in R.find_results(root):
+        r = R.read_result(path)
+        if provenance.scheme_of(r.get("code")) == provenance.DEFS:
+            continue
+        if provenance.stale_reasons(r) or (now := provenance.current_parts(r, provenance.DEFS)) is None:
+            stale += 1
+            continue
+        r["code"] = {part: now[part] for part in r["code"]}  # the parts it recorded, no more
+        R.write_result(r, path)
+        upgraded += 1
+    print(f"{upgraded} results now record definitions digests; {stale} stale ones left as they are")
+    return 0
 
 
 def _how_to_resume(progress: Path) -> str:

@@ -167,11 +167,91 @@ def _file_digest(path: Path, mtime_ns: int) -> str:
 
 
 def digest(files: dict[str, Path]) -> str:
-    """One digest over the named files (name and content digest of each, in name order)."""
+    """One digest over the named files (name and content digest of each, in name order): the first scheme, which
+    results written before `definitions_digest` record ("sha256:..."); kept to compare them with this checkout."""
     h = hashlib.sha256()
     for name, path in sorted(files.items()):
         h.update(f"{name}\0{_file_digest(path, path.stat().st_mtime_ns)}\n".encode())
     return "sha256:" + h.hexdigest()[:16]
+
+
+# The scheme of new results: a digest of the definitions, wherever they live ("defs:..."). Moving a function or a
+# class to another module of the same closure, and updating the imports that reach it, leaves it unchanged; any
+# change of what the code does changes it.
+DEFS = "defs:"
+
+
+def _import_aliases(tree: ast.Module, package: str) -> tuple[set[str], dict[str, str]]:
+    """Names the file binds by importing: (aliases of project modules, whose attribute reads `alias.x` are read as
+    `x`; {local name: imported name} for names imported from a module under another name)."""
+    modules, renamed = set(), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name.split(".")[0] in PACKAGES:
+                    modules.add(a.asname)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for a in node.names:
+                local = a.asname or a.name
+                if base.split(".")[0] in PACKAGES and module_file(f"{base}.{a.name}"):
+                    modules.add(local)
+                elif a.asname:
+                    renamed[a.asname] = a.name
+    return modules, renamed
+
+
+class _Unplace(ast.NodeTransformer):
+    """Takes out where a definition lives: imports go, `alias.x` of a project module reads `x`, a name imported
+    under another name reads as the original."""
+
+    def __init__(self, modules: set[str], renamed: dict[str, str]):
+        self.modules, self.renamed = modules, renamed
+
+    def visit_Import(self, node):
+        return None  # a statement list drops it
+
+    visit_ImportFrom = visit_Import
+
+    def visit_Attribute(self, node):
+        if isinstance(node.value, ast.Name) and node.value.id in self.modules:
+            return ast.copy_location(ast.Name(id=node.attr, ctx=node.ctx), node)
+        return self.generic_visit(node)
+
+    def visit_Name(self, node):
+        if node.id in self.renamed:
+            return ast.copy_location(ast.Name(id=self.renamed[node.id], ctx=node.ctx), node)
+        return node
+
+
+@lru_cache(maxsize=None)
+def _definitions(name: str, path: Path, mtime_ns: int) -> tuple[str, ...]:
+    """The canonical text of each module-level statement of a file, placed nowhere (_Unplace); a non-Python file
+    (CUDA sources) is one entry: its bytes' digest."""
+    if path.suffix != ".py":
+        return (hashlib.sha256(path.read_bytes()).hexdigest(),)
+    tree = _strip_docstrings(ast.parse(path.read_text(encoding="utf-8")))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = _Unplace(*_import_aliases(tree, package)).visit(tree)
+    return tuple(_canonical(node) for node in tree.body)
+
+
+def definitions_digest(files: dict[str, Path]) -> str:
+    """One digest over every module-level definition of the named files, in sorted order, whichever file holds it:
+    a move between these files (the imports updated) keeps it; a change of code changes it."""
+    h = hashlib.sha256()
+    texts = sorted(t for name, path in files.items() for t in _definitions(name, path, path.stat().st_mtime_ns))
+    for text in texts:
+        h.update(hashlib.sha256(text.encode()).digest())
+    return DEFS + h.hexdigest()[:16]
+
+
+def scheme_of(parts: dict[str, str] | None) -> str:
+    """The digest scheme a result's code parts were written in: DEFS, or the first one ("sha256:")."""
+    return DEFS if any(str(v).startswith(DEFS) for v in (parts or {}).values()) else "sha256:"
 
 
 def kernel_files() -> dict[str, Path]:
@@ -193,21 +273,27 @@ def kernel_files() -> dict[str, Path]:
 
 
 def code_parts(
-    method_module: str, task_module: str, model_module: str, backend: str = "torch", synthetic: str | None = None
+    method_module: str,
+    task_module: str,
+    model_module: str,
+    backend: str = "torch",
+    synthetic: str | None = None,
+    scheme: str = DEFS,
 ) -> dict[str, str]:
     """{part: digest} of the code a run goes through: the method, the task, the model path (the adapter, the builder
     of its random weights where used: `synthetic`, the family's synthetic module; the eval loop) and, on a kernel
-    backend, the kernels."""
+    backend, the kernels. `scheme`: DEFS (new results) or "sha256:" (the first scheme, to compare older results)."""
     model_roots = [model_module, *LOOP] + ([synthetic] if synthetic else [])
     own = method_module.rpartition(".")[2] if method_module.rpartition(".")[0] == REGISTRY else None
+    of = definitions_digest if scheme == DEFS else digest
     parts = {
-        "method": digest(closure([method_module, *CACHE], method=own)),
-        "task": digest(closure([task_module])),
-        "model": digest(closure(model_roots)),
-        "prepare": digest(closure(list(PREPARE))),
+        "method": of(closure([method_module, *CACHE], method=own)),
+        "task": of(closure([task_module])),
+        "model": of(closure(model_roots)),
+        "prepare": of(closure(list(PREPARE))),
     }
     if backend != "torch":
-        parts["kernels"] = digest(kernel_files())
+        parts["kernels"] = of(kernel_files())
     return parts
 
 
@@ -229,9 +315,9 @@ def synthetic_module(family: str) -> str:
     return f"{FAMILIES.get(family, f'harness.models.{family}')}.synthetic"
 
 
-def current_parts(result: dict[str, Any]) -> dict[str, str] | None:
-    """code_parts as this checkout would record them for `result`'s run; None when its method, task or model is not
-    registered here."""
+def current_parts(result: dict[str, Any], scheme: str | None = None) -> dict[str, str] | None:
+    """code_parts as this checkout would record them for `result`'s run, in the scheme the result recorded (default);
+    None when its method, task or model is not registered here."""
     import tasks as T
     from harness import models as M
     from quant.methods import METHODS
@@ -244,7 +330,12 @@ def current_parts(result: dict[str, Any]) -> dict[str, str] | None:
         return None
     synthetic = synthetic_module(spec.family) if model.get("weights") == "random" else None
     return code_parts(
-        cls.__module__, task.split(":")[0], M.family_of(spec.name).adapter.split(":")[0], result["backend"], synthetic
+        cls.__module__,
+        task.split(":")[0],
+        M.family_of(spec.name).adapter.split(":")[0],
+        result["backend"],
+        synthetic,
+        scheme or scheme_of(result.get("code")),
     )
 
 
@@ -295,6 +386,8 @@ def code_changes(result: dict[str, Any], now: dict[str, str]) -> list[str]:
     recorded, commit = result.get("code"), (result["environment"].get("git_commit") or "?")[:8]
     if recorded is None:
         return [f"records no code fingerprint (ran at {commit})"]
+    if scheme_of(recorded) != scheme_of(now):  # a result of the first scheme: compare it in that scheme
+        now = current_parts(result) or now
     parts = set(recorded) | {part for part in now if part not in LATER_PARTS}
     changed = [part for part in sorted(parts) if recorded.get(part) != now.get(part)]
     return [f"{', '.join(changed)} code changed since {commit}"] if changed else []

@@ -88,15 +88,17 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
     md = Path("results/LEADERBOARD.md").read_text()
     t = tables(md)
     ppl = t["ppl · smollm2-135m (generated data)"]
-    assert ppl[0].startswith("| method | window | ppl ↓ (95% CI) | items | failed | bits/elt | KV KiB/item | vs bf16 |")
+    assert ppl[0].startswith(
+        "| method | FP tokens | ppl ↓ (95% CI) | items | failed | bits/elt | KV KiB/item | vs bf16 |"
+    )
     ci = L.NBSP.join(("11", "[10.9,", "11.1]"))  # the value and its interval: one unbreakable cell
-    assert ppl[1].startswith(f"| bf16 | – | {ci} | 3 | 0 | 16 | 4 | 1.00x |")
+    assert ppl[1].startswith(f"| bf16 | all | {ci} | 3 | 0 | 16 | 4 | 1.00x |")
     ci = L.NBSP.join(("14", "[13.9,", "14.1]"))
     assert ppl[2].startswith(f"| kivi | – | {ci} | 3 | 2 | 16 | 0.7812 | 5.12x |")  # 4096 / 800 bytes
     assert "1 GiB RSS" in ppl[1]
     checks = t["ocrbench · tiny-model (generated data, tiny replica)"]
     assert checks[0] == (
-        "| method | window | items | failed | bits/elt | KV KiB/item | vs bf16 | tok/s "
+        "| method | FP tokens | items | failed | bits/elt | KV KiB/item | vs bf16 | tok/s "
         "| peak memory | device | commit |"
     )  # no accuracy column for random weights
     assert len(checks) == 1 + 3
@@ -208,7 +210,7 @@ def test_models_without_trained_weights_are_pipeline_checks():
     random["system"] = {**random["system"], "items_per_s": 0.5, "kernel_step_share": 1.0}
     t = L.result_table(("ocrbench", "generated", "qwen3-vl-8b"), [random], pipeline_check=True)
     assert t.title == "ocrbench · qwen3-vl-8b (generated data, random weights)"
-    assert t.header[:4] == ["method", "window", "items", "failed"]
+    assert t.header[:4] == ["method", "FP tokens", "items", "failed"]
     assert "items/s" in t.header and "kernel steps" in t.header
     assert t.rows[0][t.header.index("kernel steps")] == "100%"
     assert "items/s" not in L.result_table(("ppl", "official", "m"), [{**r, "_path": "a"}]).header
@@ -431,3 +433,15 @@ def test_the_headline_gives_each_real_model_its_verdict_against_bf16_and_kivi():
     assert oscar[6].startswith("n.s. -") and oscar[7].startswith("better +")
     readme = L.markdown(board, short=True)
     assert h.title in readme and "### handmade" not in readme  # the headline, never the full tables
+
+
+def test_the_full_precision_budget_column_names_sinks_and_window():
+    def method(**config):
+        return {"name": "x", "config": config}
+
+    assert L.fp_tokens(method(method="bf16", dtype="model")) == "all"
+    assert L.fp_tokens(method(method="kivi", residual_length=128)) == "128"
+    assert L.fp_tokens(method(method="together-oscar", sink_tokens=64, residual_length=256)) == "64 + 256"
+    assert L.fp_tokens(method(method="together-oscar", sink_tokens=0, residual_length=128)) == "128"
+    assert L.fp_tokens(method(method="quarot", residual_length=0)) == "0"
+    assert L.fp_tokens(method(method="custom")) == "–"

@@ -36,3 +36,30 @@ def test_an_unfinished_run_beside_its_result_is_resumed_with_force_as_eval_says(
     assert listing._how_to_resume(tmp_path / "kivi.partial.jsonl") == "rerun its command with --force to resume"
     assert listing._how_to_resume(tmp_path / "kivi.rank1.partial.jsonl") == "rerun its command with --force to resume"
     assert listing._how_to_resume(tmp_path / "oscar.partial.jsonl") == "rerun its command to resume"
+
+
+def test_upgrade_fingerprints_rewrites_up_to_date_results_only(tmp_path, capsys):
+    import json
+    import shutil
+    from pathlib import Path
+
+    from harness import provenance
+
+    root = Path(__file__).resolve().parents[2]
+    fresh = tmp_path / "ppl" / "smollm2-135m" / "oscar.json"
+    fresh.parent.mkdir(parents=True)
+    shutil.copy(root / "results/runs/ppl/smollm2-135m/oscar.json", fresh)
+    before = json.loads(fresh.read_text())
+    assert provenance.scheme_of(before["code"]) == "sha256:" and provenance.stale_reasons(before) == []
+    stale = json.loads(fresh.read_text())
+    stale["code"]["task"] = "sha256:0000000000000000"
+    (fresh.parent / "kivi.json").write_text(json.dumps(stale))
+    assert listing.upgrade_fingerprints(tmp_path) == 0
+    assert "1 results now record definitions digests; 1 stale ones left" in capsys.readouterr().out
+    after = json.loads(fresh.read_text())
+    assert all(v.startswith(provenance.DEFS) for v in after["code"].values()) and set(after["code"]) == set(
+        before["code"]
+    )
+    assert {k: v for k, v in after.items() if k != "code"} == {k: v for k, v in before.items() if k != "code"}
+    assert provenance.stale_reasons(after) == []
+    assert json.loads((fresh.parent / "kivi.json").read_text())["code"]["task"] == "sha256:0000000000000000"

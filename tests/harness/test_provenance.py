@@ -109,3 +109,68 @@ def test_the_preparation_is_a_part_that_older_results_lack():
     changed = {**now, "prepare": "sha256:0000000000000000"}
     commit = committed["environment"]["git_commit"][:8]
     assert P.code_changes({**committed, "code": changed}, now) == [f"prepare code changed since {commit}"]
+
+
+def write_package(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    """{module name: path} of `files` ({'pkg/mod.py': source}) written under root."""
+    out = {}
+    for rel, source in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source, encoding="utf-8")
+        out[rel.removesuffix(".py").replace("/", ".")] = path
+    return out
+
+
+LOOP_BEFORE = {
+    "harness/run.py": (
+        "from harness import results as R\n"
+        "from harness.stats import mean as average\n\n"
+        "LIMIT = 3\n\n"
+        "def step(x):\n    return R.clip(average(x), LIMIT)\n\n"
+        "def loop(xs):\n    return [step(x) for x in xs]\n"
+    ),
+    "harness/results.py": "def clip(x, n):\n    return min(x, n)\n",
+    "harness/stats.py": "def mean(x):\n    return sum(x) / len(x)\n",
+}
+
+
+def test_a_definitions_digest_keeps_a_move_and_sees_a_change(tmp_path):
+    # harness.run split in two, as a refactor does: step moves to harness/eval/loop.py, its callers import it from
+    # there, the module aliases differ; no behaviour changes
+    before = P.definitions_digest(write_package(tmp_path / "a", LOOP_BEFORE))
+    moved = {
+        "harness/run.py": (
+            "from harness.eval.loop import step\n\nLIMIT = 3\n\ndef loop(xs):\n    return [step(x) for x in xs]\n"
+        ),
+        "harness/eval/loop.py": (
+            "import harness.results as res\nfrom harness.stats import mean\n\n"
+            "def step(x):\n    from harness.run import LIMIT\n    return res.clip(mean(x), LIMIT)\n"
+        ),
+        "harness/results.py": LOOP_BEFORE["harness/results.py"],
+        "harness/stats.py": LOOP_BEFORE["harness/stats.py"],
+    }
+    assert before.startswith(P.DEFS)
+    assert P.definitions_digest(write_package(tmp_path / "b", moved)) == before
+    changed = {**moved, "harness/stats.py": "def mean(x):\n    return sum(x) / max(len(x), 1)\n"}
+    assert P.definitions_digest(write_package(tmp_path / "c", changed)) != before
+    renamed_call = {**LOOP_BEFORE, "harness/run.py": LOOP_BEFORE["harness/run.py"].replace("R.clip", "R.floor")}
+    assert P.definitions_digest(write_package(tmp_path / "d", renamed_call)) != before
+    # the first scheme sees the same move as a change
+    assert P.digest(write_package(tmp_path / "e", LOOP_BEFORE)) != P.digest(write_package(tmp_path / "f", moved))
+
+
+def test_results_of_the_first_scheme_are_compared_in_it_and_new_ones_in_definitions():
+    committed = json.loads((ROOT / "results/runs/ppl/smollm2-135m/oscar.json").read_text())
+    now = P.code_parts("quant.methods.oscar", "tasks.ppl", "harness.models.text.adapter")
+    assert all(v.startswith(P.DEFS) for v in now.values())  # what a run records now
+    first = P.current_parts(committed, scheme="sha256:")
+    assert all(v.startswith("sha256:") for v in first.values())
+    assert P.current_parts(committed, scheme=P.DEFS) == now
+    # a result recorded in either scheme is up to date against a run that records the other
+    assert P.code_changes({**committed, "code": first}, now) == []
+    assert P.code_changes({**committed, "code": now}, first) == []
+    commit = committed["environment"]["git_commit"][:8]
+    assert P.code_changes({**committed, "code": {**now, "task": P.DEFS + "0" * 16}}, now) == [
+        f"task code changed since {commit}"
+    ]
