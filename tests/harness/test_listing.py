@@ -40,7 +40,6 @@ def test_an_unfinished_run_beside_its_result_is_resumed_with_force_as_eval_says(
 
 def test_upgrade_fingerprints_rewrites_up_to_date_results_only(tmp_path, capsys):
     import json
-    import shutil
     from pathlib import Path
 
     from harness import provenance
@@ -48,8 +47,9 @@ def test_upgrade_fingerprints_rewrites_up_to_date_results_only(tmp_path, capsys)
     root = Path(__file__).resolve().parents[2]
     fresh = tmp_path / "ppl" / "smollm2-135m" / "oscar.json"
     fresh.parent.mkdir(parents=True)
-    shutil.copy(root / "results/runs/ppl/smollm2-135m/oscar.json", fresh)
-    before = json.loads(fresh.read_text())
+    before = json.loads((root / "results/runs/ppl/smollm2-135m/oscar.json").read_text())
+    before["code"] = provenance.current_parts(before, scheme="sha256:")  # as a result of the first scheme records it
+    fresh.write_text(json.dumps(before))
     assert provenance.scheme_of(before["code"]) == "sha256:" and provenance.stale_reasons(before) == []
     stale = json.loads(fresh.read_text())
     stale["code"]["task"] = "sha256:0000000000000000"
