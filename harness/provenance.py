@@ -78,6 +78,15 @@ def _module_level(body: list[ast.stmt]):
                 yield from _module_level(block)
 
 
+def _from_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a `from ... import` in `package` names (relative levels resolved)."""
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        base = ".".join(anchor + ([base] if base else []))
+    return base
+
+
 def imports_of(name: str, path: Path) -> set[str]:
     """The project modules `name` (at `path`) imports at module level: `from a import b` counts as a.b when that
     is a module, else as a."""
@@ -93,10 +102,7 @@ def _imports_of(name: str, path: Path, mtime_ns: int) -> frozenset[str]:
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
+            base = _from_module(node, package)
             subs = [f"{base}.{a.name}" for a in node.names if module_file(f"{base}.{a.name}")]
             out.update(subs or [base])
             if len(subs) < len(node.names):
@@ -191,10 +197,7 @@ def _import_aliases(tree: ast.Module, package: str) -> tuple[set[str], dict[str,
                 if a.asname and a.name.split(".")[0] in PACKAGES:
                     modules.add(a.asname)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
+            base = _from_module(node, package)
             for a in node.names:
                 local = a.asname or a.name
                 if base.split(".")[0] in PACKAGES and module_file(f"{base}.{a.name}"):
