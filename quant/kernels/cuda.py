@@ -139,23 +139,48 @@ def _loaded(head_dim: int, arch: str | None, min_blocks: int, verbose: bool, war
 def build(head_dim: int, arch: str | None = None, min_blocks: int = 3, verbose: bool = False, warps: int = 4):
     """Build (or reuse) and import the extension for one head dim; returns the module (decode, pack). warps: of a
     decode CTA (4; `WIDE` builds 8 and `WIDE_LONG` 12 with min_blocks 1)."""
-    from torch.utils.cpp_extension import load as cpp_load
-
     if head_dim not in (64, 128):
         raise ValueError(f"head_dim {head_dim} is not supported by the CUDA kernels (64 or 128)")
     arch = arch or target_arch()
     name = specialization_name(head_dim, arch, min_blocks, warps)
-    build = cache_dir() / name
-    build.mkdir(parents=True, exist_ok=True)
     announce_build(f"the CUDA decode and pack kernels for head dim {head_dim}", name)
-    return cpp_load(
-        name=name,
-        sources=[str(CSRC / "oscar_bindings.cu")],
-        extra_cuda_cflags=build_flags(head_dim, arch, min_blocks, warps),
-        extra_include_paths=[str(CSRC)],
-        build_directory=str(build),
-        verbose=verbose,
+    return load_extension(
+        name, CSRC / "oscar_bindings.cu", build_flags(head_dim, arch, min_blocks, warps), cache_dir() / name, verbose
     )
+
+
+def load_extension(name: str, source: Path, cuda_flags: list[str], build: Path, verbose: bool = False):
+    """torch's extension loader for one source, under a lock the OS drops when its holder dies.
+
+    torch's own lock is a `lock` file in the build folder that only a build which returns removes: after one that was
+    killed (a timeout, a second Ctrl-C) every later load of that build would wait on it forever, without a word. Every
+    build here holds the kernel lock first, so a `lock` file found while holding it was left by such a build: it is
+    removed, said on stderr, and the build starts again. Two processes building the same thing wait for each other
+    and the second imports the first one's build."""
+    import fcntl
+
+    from torch.utils.cpp_extension import load as cpp_load
+    from tqdm import tqdm
+
+    build.mkdir(parents=True, exist_ok=True)
+    with open(build / "oscar-build.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        stale = build / "lock"
+        if stale.exists():
+            tqdm.write(
+                f"quant.kernels: {stale} was left by a build of {name} that was stopped before it ended; removed, "
+                "building again",
+                file=sys.stderr,
+            )
+            stale.unlink(missing_ok=True)
+        return cpp_load(
+            name=name,
+            sources=[str(source)],
+            extra_cuda_cflags=cuda_flags,
+            extra_include_paths=[str(CSRC)],
+            build_directory=str(build),
+            verbose=verbose,
+        )
 
 
 LAYER_SOURCES = (
@@ -185,21 +210,10 @@ def layers_name(arch: str) -> str:
 def load_layers(arch: str | None = None, verbose: bool = False):
     """Build (or reuse) and import the decode-time layer kernels (csrc/layer_bindings.cu: GEMV, RMSNorm, RoPE): one
     build per target arch, named oscar_layers_sm{arch}_{hash of sources and flags}, in `cache_dir()`."""
-    from torch.utils.cpp_extension import load as cpp_load
-
     arch = arch or target_arch()
     name = layers_name(arch)
-    build = cache_dir() / name
-    build.mkdir(parents=True, exist_ok=True)
     announce_build("the CUDA layer kernels (GEMV, RMSNorm, RoPE)", name)
-    return cpp_load(
-        name=name,
-        sources=[str(CSRC / "layer_bindings.cu")],
-        extra_cuda_cflags=layer_flags(arch),
-        extra_include_paths=[str(CSRC)],
-        build_directory=str(build),
-        verbose=verbose,
-    )
+    return load_extension(name, CSRC / "layer_bindings.cu", layer_flags(arch), cache_dir() / name, verbose)
 
 
 _LAYERS_FAILED: list[str] = []

@@ -1,6 +1,10 @@
 """quant.kernels.build: the ahead-of-time build of the CUDA extensions (the builds themselves run on a GPU; here the
 spec parsing and the report of a build that fails, which on a machine without a GPU is every build)."""
 
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -91,3 +95,33 @@ def test_load_takes_the_build_of_the_flags_in_force(tmp_path, monkeypatch):
         assert cuda.load(128, arch="90a", min_blocks=2) == base
     finally:
         cuda._loaded.cache_clear()  # no fake module stays cached for later tests
+
+
+TINY_MODULE = """
+#include <Python.h>
+static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "%(name)s", nullptr, -1, nullptr};
+PyMODINIT_FUNC PyInit_%(name)s(void) { return PyModule_Create(&def); }
+"""
+
+
+@pytest.mark.skipif(not (shutil.which("c++") and shutil.which("ninja")), reason="needs a C++ compiler and ninja")
+def test_a_build_killed_mid_way_does_not_hang_every_later_load(tmp_path):
+    # A build stopped by a timeout leaves torch's `lock` file behind; torch's loader alone would wait on it forever.
+    # The real loader builds a tiny C++ module (no nvcc needed) in a child process that must finish.
+    name = "oscar_stale_lock_probe"
+    source = tmp_path / f"{name}.cpp"
+    source.write_text(TINY_MODULE % {"name": name})
+    build_dir = tmp_path / name
+    build_dir.mkdir()
+    (build_dir / "lock").write_text("")
+    script = (
+        "import sys; from pathlib import Path; from quant.kernels.cuda import load_extension; "
+        f"m = load_extension({name!r}, Path({str(source)!r}), [], Path({str(build_dir)!r})); print('loaded', m.__name__)"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"loaded {name}" in res.stdout
+    assert "was left by a build of oscar_stale_lock_probe that was stopped before it ended" in res.stderr
+    assert not (build_dir / "lock").exists()
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "stopped before it ended" not in res.stderr  # a clean second load says nothing
