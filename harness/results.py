@@ -441,12 +441,16 @@ def cost_figures(records: list[dict[str, Any]], loop_s: float) -> dict[str, Any]
     """Run-level cost from the items' `cost` records (harness/models/cost.py): items per second of the loop's clock,
     summed prefill and decode seconds, decode steps per second of decode time, the share of decode steps on the
     kernel path, the largest per-item GPU peak. Only items_per_s when no item recorded a cost.
-    items_per_s_steady leaves out the first generate call's items (its batch): what a method pays once per run
-    (CUDA modules and graphs warming up, OScaR's value rotation folded into the weights) is not per item, and a
-    whole benchmark's time is the steady rate's."""
+    items_per_s_steady: where the run warmed up first (a GPU run, harness.run.warm_up: its seconds are `setup_s`,
+    carried by the first timed record of each process) every item; else it leaves out the first generate call's
+    items (its batch): what a method pays once per run is not per item, and a whole benchmark's time is the steady
+    rate's. TTFT counts the items that ran their own prefill (not one another method of the run ran for them)."""
     out: dict[str, Any] = {"items_per_s": len(records) / loop_s if records and loop_s > 0 else None}
+    setups = [number(r["setup_s"]) or 0.0 for r in records if "setup_s" in r]
     first = records[0].get("cost") if records else None
-    skip = int(first.get("batch") or 1) if isinstance(first, dict) else 1
+    skip = 0 if setups else int(first.get("batch") or 1) if isinstance(first, dict) else 1
+    if setups:
+        out["setup_s"] = sum(setups)
     rest = [number(r.get("loop_s")) for r in records[skip:]]
     if rest and all(t is not None for t in rest) and sum(rest) > 0:
         out["items_per_s_steady"] = len(rest) / sum(rest)
@@ -459,7 +463,8 @@ def cost_figures(records: list[dict[str, Any]], loop_s: float) -> dict[str, Any]
     kernel = sum(int(c.get("kernel_steps") or 0) for c in costs)
     peaks = [int(c["peak_cuda_bytes"]) for c in costs if c.get("peak_cuda_bytes") is not None]
     for name in ("ttft_s", "tpot_s"):  # per item as serving engines report them; the median: a batch's are shared
-        values = sorted(v for c in costs if (v := number(c.get(name))) is not None)
+        own = [c for c in costs if not (name == "ttft_s" and c.get("prefill_reused"))]
+        values = sorted(v for c in own if (v := number(c.get(name))) is not None)
         if values:
             out[f"{name}_median"] = statistics.median(values)
     out.update(

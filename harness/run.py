@@ -249,6 +249,7 @@ def evaluate(
 
     prefills = RunPrefills()  # the exact prompt forwards of Score and Generate requests, shared by this run's methods
     plain = invariant.resolve(KernelOptions(), adapter.generator)  # the kernel options a plain run has here
+    runs = []
     for method in methods:
         ctx = RunContext(
             spec.name,
@@ -275,8 +276,31 @@ def evaluate(
                 method=ctx.result_name,
             )
         )
+        runs.append((ctx, path))
+    if not (restart or force):
+        check_progress(runs)
+    for ctx, path in runs:
         written.append(run_method(ctx, adapter, path, restart, force, n_resamples, ranks))
     return written
+
+
+def check_progress(runs: list[tuple["RunContext", Path]]) -> None:
+    """Before any method runs: a progress file of other settings where one of `runs` would write (and no up-to-date
+    result beside it, where it is a leftover that is only reported) would stop the run at that method's turn, maybe
+    hours in. Raise now, naming every such file."""
+    clashes = []
+    for ctx, path in runs:
+        current = path.exists() and not _differences(path, ctx)
+        for progress in [] if current else R.progress_paths(path):
+            diff = R.progress_diff(progress, ctx.identity())
+            if diff:
+                clashes.append(f"{progress} ({'; '.join(diff)})")
+    if clashes:
+        raise R.ResultFileError(
+            f"{len(clashes)} unfinished run(s) with different settings are recorded where this run writes: "
+            + "; ".join(clashes)
+            + ". Rerun with --restart to discard them, or --out to write elsewhere"
+        )
 
 
 def runnable_methods(methods: list, adapter, model: str) -> list:
@@ -408,12 +432,12 @@ def run_method(
 ) -> dict[str, Any]:
     """Run (or resume, or skip when up to date) one method; write and return its result. Several ranks: each runs
     its shard, rank 0 merges the records and writes the result (harness/distributed.py)."""
-    if path.exists() and not (force or restart):
+    if path.exists() and not force:  # --restart discards unfinished progress; it does not rerun a current result
         differences = _differences(path, ctx)
         if not differences:
             if ranks.main:
                 print(f"{path}: up to date, skipped (--force reruns it)", file=sys.stderr)
-                _report_orphans(path)
+                _report_orphans(path, discard=restart)
             return R.read_result(path)
         if ranks.main:
             print(
@@ -502,13 +526,19 @@ def _differences(path: Path, ctx: RunContext) -> list[str]:
     return out + code_changes(old, ctx.code or {})
 
 
-def _report_orphans(path: Path) -> None:
-    """Say so when an unfinished run's progress sits beside an up-to-date result (a forced rerun that was killed)."""
+def _report_orphans(path: Path, discard: bool = False) -> None:
+    """Say so when an unfinished run's progress sits beside an up-to-date result (a forced rerun that was killed);
+    `discard` (--restart): delete it, and say that."""
     for progress in R.progress_paths(path):
         n = R.progress_count(progress)
+        n = "unreadable" if n is None else f"{n} items"
+        if discard:
+            progress.unlink(missing_ok=True)
+            print(f"{progress}: an unfinished run's progress ({n}) discarded (--restart)", file=sys.stderr)
+            continue
         print(
-            f"{progress}: an unfinished run's progress ({n} items) is left here; rerun with --force to resume "
-            "it, or delete the file",
+            f"{progress}: an unfinished run's progress ({n}) is left here; rerun with --force to resume "
+            "it, --restart to discard it",
             file=sys.stderr,
         )
 
@@ -537,15 +567,51 @@ def _run_items(
     label = f"{ctx.model} {ctx.method.name} {ctx.task.name}{where}"
     mine = {str(item["id"]) for item in items}
     errors = sum(1 for r in progress.records if "error" in r and str(r["id"]) in mine)
+    on_gpu = str(getattr(runner.adapter, "device", "cpu")).startswith("cuda")
+    setup_s = warm_up(ctx, runner, todo[: ctx.batch_size]) if todo and on_gpu else None
     with tqdm(
         total=len(items), initial=len(items) - len(todo), desc=label, unit="item", file=sys.stderr, dynamic_ncols=True
     ) as bar:
         for first in range(0, len(todo), ctx.batch_size):
             for record in _run_chunk(ctx, runner, todo[first : first + ctx.batch_size]):
+                if setup_s is not None:  # the first timed record carries the warm-up (results.cost_figures)
+                    record["setup_s"], setup_s = setup_s, None
                 progress.add(record)
                 errors += "error" in record
                 bar.set_postfix(errors=errors, refresh=False)
                 bar.update(1)
+
+
+def warm_up(ctx: RunContext, runner, chunk: list[dict[str, Any]]) -> float:
+    """Answer `chunk`'s requests once, untimed and unrecorded, before a GPU run times anything; returns its seconds.
+
+    A method's first calls on a GPU pay what later calls do not: Triton compiles at new shapes, the CUDA extensions'
+    loading, the allocator's growth, cuBLAS's first plans. Whichever method ran first in a process paid them for
+    those after it, so items/s depended on the method's place in the run. Warming each method on the run's own first
+    batch (the same shapes and token budgets as its timed calls) leaves those costs here. The warm-up neither keeps
+    nor reuses the run's shared prefills (its timed call runs its own, as it would have), and the seeds are set
+    again after it."""
+    from tasks.base import TaskDataError
+
+    requests = []
+    for item in chunk:
+        try:
+            requests += list(ctx.task.requests(item))
+        except TaskDataError:  # the timed call records it
+            pass
+    start = time.perf_counter()
+    kept = runner.prompts, runner.prefills
+    runner.prompts = runner.prefills = None
+    try:
+        runner.run(requests)
+    finally:
+        runner.prompts, runner.prefills = kept
+    if str(getattr(runner.adapter, "device", "cpu")).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+    _seed_everything(ctx.seed)
+    return time.perf_counter() - start
 
 
 def _run_chunk(ctx: RunContext, runner, chunk: list[dict[str, Any]]):

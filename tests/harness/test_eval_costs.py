@@ -82,6 +82,19 @@ def test_run_figures_from_item_costs():
     assert R.cost_figures([{"id": "a", "loop_s": 1.0}], 1.0) == {"items_per_s": 1.0}
 
 
+def test_a_warmed_run_times_every_item_and_reports_its_setup_apart():
+    # Batch 2, three calls: without a warm-up the first call's items are left out of the steady rate; a GPU run
+    # warmed up first (setup_s on the first timed record of each session: here two sessions) counts every item.
+    costs = [{"batch": 2, "ttft_s": t, "prefill_reused": r} for t, r in ((4.0, 0), (4.0, 0), (1.0, 1), (1.0, 1))]
+    records = [{"id": str(i), "loop_s": s, "cost": c} for i, (s, c) in enumerate(zip((3.0, 3.0, 1.0, 1.0), costs))]
+    assert R.cost_figures(records, 8.0)["items_per_s_steady"] == 1.0  # 2 items in 2 s
+    records[0]["setup_s"], records[2]["setup_s"] = 5.0, 0.5
+    figures = R.cost_figures(records, 8.0)
+    assert figures["items_per_s_steady"] == 0.5 and figures["setup_s"] == 5.5  # 4 items in 8 s
+    # Time to first token: the items whose prefill another method ran do not count (theirs was a copy)
+    assert figures["ttft_s_median"] == 4.0
+
+
 @pytest.fixture(scope="module")
 def shrunk_qwen3_vl():
     """qwen3-vl-8b's processor settings and token ids on a narrow, 2-layer random model (CPU)."""

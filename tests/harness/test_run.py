@@ -100,6 +100,15 @@ def test_result_fields_and_up_to_date_skip(tmp_path, adapter, task, capsys):
     assert table.splitlines()[0].split()[:3] == ["method", "metric", "value"] and "quarot" in table
     again = run.evaluate("smollm2-135m", "quarot-own-paper", task=task, limit=2, out=out, adapter=adapter)
     assert again[0] == quarot and "up to date, skipped" in capsys.readouterr().err
+    # --restart discards an unfinished run's progress; beside an up-to-date result it reruns nothing: it deletes the
+    # progress a killed forced rerun left
+    result_path = tmp_path / f"{quarot['method']['name']}.first2.json"
+    orphan = R.progress_path(result_path)
+    orphan.write_text("{}\n")
+    again = run.evaluate("smollm2-135m", "quarot-own-paper", task=task, limit=2, out=out, adapter=adapter, restart=True)
+    err = capsys.readouterr().err
+    assert again[0] == quarot and "up to date, skipped" in err and "discarded (--restart)" in err
+    assert not orphan.exists()
 
 
 @pytest.mark.parametrize(
@@ -208,6 +217,18 @@ def test_a_result_of_other_code_reruns_and_a_killed_forced_run_resumes(tmp_path,
     assert len(resumed.calls) == 2 and crashing.calls[0] not in resumed.calls
     assert "resuming, 1 of 3 items already recorded" in capsys.readouterr().err
     assert not R.progress_paths(path)
+
+
+def test_a_progress_file_of_other_settings_stops_a_run_before_its_first_method(tmp_path, adapter, task):
+    # kivi's turn comes second: the clash with its progress file is said before bf16 runs, not after it
+    out = str(tmp_path / "{method}.json")
+    progress = R.progress_path(tmp_path / "kivi.first2.json")
+    R.open_progress(progress, {"model": "another"})
+    with pytest.raises(R.ResultFileError, match=r"1 unfinished run\(s\) with different settings .*kivi.first2.partial"):
+        run.evaluate("smollm2-135m", "bf16,kivi", task=task, limit=2, out=out, adapter=adapter)
+    assert not (tmp_path / "bf16.first2.json").exists()
+    done = run.evaluate("smollm2-135m", "bf16,kivi", task=task, limit=2, out=out, adapter=adapter, restart=True)
+    assert [r["method"]["name"] for r in done] == ["bf16", "kivi"] and not progress.exists()
 
 
 @pytest.mark.parametrize(

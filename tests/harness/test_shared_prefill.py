@@ -230,3 +230,35 @@ def test_smollm2_answers_as_each_methods_own():
         assert [r.tokens for r in shared] == [r.tokens for r in own] and all(r.tokens for r in own), method.name
         reused.append([r.details["prefill_reused"] for r in shared])
     assert reused == [[False] * 3, [False] * 3, [True] * 3]
+
+
+def test_the_gpu_warm_up_keeps_nothing_and_changes_no_answer(qwen3):
+    # harness.run.warm_up answers a run's first batch once before the timed loop (on a GPU; called directly here):
+    # it neither keeps a prefill for the methods after it nor uses one, and the answers after it are the same.
+    from harness.run import warm_up
+
+    class Task:  # the two calls of a task the warm-up makes
+        name = "warm"
+
+        def requests(self, item):
+            yield Generate(item["prompt"], NEW_TOKENS)
+
+    class Ctx:
+        task, seed = Task(), 1234
+
+    prompts = text_prompts()
+    prefills = RunPrefills()
+    answers(qwen3, "bf16", prompts, KernelOptions(), prefills)
+    with Runner(qwen3, quant.get_method("kivi"), KernelOptions(), traits_of("qwen3-8b"), prefills) as runner:
+        with PromptForwards(qwen3, prompts) as forwards:
+            seconds = warm_up(Ctx(), runner, [{"prompt": p} for p in prompts])
+            assert seconds > 0 and forwards.count == 1  # its own prefill, not the kept one
+        assert runner.prompts is prefills.prompts and runner.prefills is prefills
+        assert len(prefills.prompts) == 1 and prefills.prompts.hits == 0
+        out = runner.run([Generate(p, NEW_TOKENS) for p in prompts])
+    assert all(r.details["prefill_reused"] for r in out)  # the timed call still takes bf16's
+    assert [r.tokens for r in out] == [r.tokens for r in answers(qwen3, "kivi", prompts, KernelOptions())]
+    empty = RunPrefills()
+    with Runner(qwen3, quant.get_method("bf16"), KernelOptions(), traits_of("qwen3-8b"), empty) as runner:
+        warm_up(Ctx(), runner, [{"prompt": p} for p in prompts])
+    assert len(empty.prompts) == 0  # the first method's warm-up kept nothing for the later ones

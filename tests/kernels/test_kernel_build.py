@@ -115,8 +115,9 @@ def test_a_build_killed_mid_way_does_not_hang_every_later_load(tmp_path):
     build_dir.mkdir()
     (build_dir / "lock").write_text("")
     script = (
-        "import sys; from pathlib import Path; from quant.kernels.cuda import load_extension; "
-        f"m = load_extension({name!r}, Path({str(source)!r}), [], Path({str(build_dir)!r})); print('loaded', m.__name__)"
+        "from pathlib import Path; from quant.kernels.cuda import load_extension; "
+        f"m = load_extension({name!r}, Path({str(source)!r}), [], Path({str(build_dir)!r})); "
+        "print('loaded', m.__name__)"
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
