@@ -26,6 +26,8 @@ each prompt alone instead (harness/runner.py), so only decode-shaped work runs u
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -94,6 +96,25 @@ def _decode_backends(device: torch.device):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+
+
+@contextlib.contextmanager
+def without_cudnn_attention(device: torch.device):
+    """SDPA without its cuDNN kernel while the mode runs on a GPU (quant.prepare holds it from prepare to undo).
+
+    cuDNN builds an execution plan at each new shape on its first call, and every prompt length and image size of a
+    run is a new shape: the run's first method built them and the methods after it found them built, so its items/s
+    depended on its place in the run (docs/PERFORMANCE.md). The mode's prompts run one at a time without a mask,
+    where flash (which needs no plan) applies; its one-query steps already take flash or math (`rowwise`)."""
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
 
 
 def invariant_name(base: str) -> str:

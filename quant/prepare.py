@@ -13,7 +13,7 @@
   everything but the fixed-shape decode steps) when the method has such steps (`method.fixed_shape_decode`) and
   they apply on the model's device with `kernels` (quant.cache.fast_decode_applies);
 - in the batch-invariant mode (`kernels.batch_invariant`), wraps the text attention so that a masked decode step
-  runs row by row (quant/invariant.py);
+  runs row by row, and on a GPU keeps SDPA off its cuDNN kernel until undo (quant/invariant.py);
 - puts the layer kernels under a GPU model (quant.kernels.patch_model: RMSNorms, RoPE, decode-sized linear layers,
   for the classes `traits` lists).
 `PreparedModel.undo()` restores the weights bit for bit, every config's attention implementation and every patched
@@ -57,6 +57,7 @@ class PreparedModel:
     _attn: list[tuple[Any, Any]] = field(default_factory=list, repr=False)  # (config, its implementation before)
     _experts: list[tuple[Any, Any]] = field(default_factory=list, repr=False)  # (config, its MoE experts' before)
     _patches: Any = field(default=None, repr=False)
+    _no_cudnn: Any = field(default=None, repr=False)  # quant.invariant.without_cudnn_attention, held until undo
 
     def make_cache(self, config=None, tokenizer=None) -> QuantizedKVCache:
         """A fresh cache of the prepared method for this model (quant.make_cache: sized from `config` or the model's
@@ -73,6 +74,8 @@ class PreparedModel:
             return
         if self._patches is not None:
             self._patches.undo()
+        if self._no_cudnn is not None:
+            self._no_cudnn.__exit__(None, None, None)
         for config, implementation in reversed(self._attn):
             config._attn_implementation_internal = implementation
         for config, implementation in reversed(self._experts):
@@ -125,6 +128,8 @@ def prepare_model(
             before = _switch_attention(model, invariant.register(text_config(model)._attn_implementation))
             prepared._attn = prepared._attn or before
             prepared._experts = _invariant_experts(model, kernels)
+            prepared._no_cudnn = invariant.without_cudnn_attention(next(model.parameters()).device)
+            prepared._no_cudnn.__enter__()
         from quant.kernels import patch_model
 
         prepared._patches = patch_model(model, kernels, traits)

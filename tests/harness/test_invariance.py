@@ -143,3 +143,31 @@ def test_gpu_kernel_path_logits_at_batch_1_and_8(method, family):
     adapter = tiny(family, device="cuda", dtype="bfloat16")
     prompts = (prompts_for(adapter) * 3)[:8]
     assert_rows_are_alone(adapter, prompts, method, KernelOptions(batch_invariant=True))
+
+
+def test_the_mode_keeps_sdpa_off_cudnn_on_a_gpu_until_undo():
+    # cuDNN's per-shape plans made a run's first method pay for the later ones (quant.invariant): the mode holds the
+    # switch from prepare to undo on a GPU, and leaves it alone elsewhere.
+    from quant.invariant import without_cudnn_attention
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        with without_cudnn_attention(torch.device("cpu")):
+            assert torch.backends.cuda.cudnn_sdp_enabled()
+        with without_cudnn_attention(torch.device("cuda")):
+            assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+@pytest.mark.gpu
+def test_a_prepared_gpu_model_in_the_mode_runs_sdpa_without_cudnn():
+    adapter, traits = tiny("qwen3_vl", device="cuda", dtype="bfloat16"), traits_of("tiny-qwen3-vl")
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    with quant.prepare_model(adapter.generator, "kivi", KernelOptions(batch_invariant=True), traits):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with quant.prepare_model(adapter.generator, "kivi", KernelOptions(batch_invariant=False), traits):
+        assert torch.backends.cuda.cudnn_sdp_enabled()
