@@ -22,6 +22,10 @@ SUBCOMMANDS = {
         "a bench JSON against the kernel targets and an older run; non-zero exit on a slowdown",
     ),
     "list": ("harness.listing", "list models, methods and tasks"),
+    "verify": (
+        "harness.verify",
+        "replay the first items of results a code change staled; exact ones take the current code digests",
+    ),
 }
 
 
