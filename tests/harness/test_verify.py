@@ -31,7 +31,7 @@ def test_a_result_staled_by_code_alone_is_replayed_and_made_current(tmp_path, ad
     members = [(path, staled(path)) for path, _ in results]
     assert all(verify.why_not(r) is None for _, r in members)
     assert verify.replay(members, 1, adapter=adapter, task=task) == 0  # rounded up to the batch of 3
-    for (path, before), (_, original) in zip(members, results):
+    for (path, _), (_, original) in zip(members, results):
         now = R.read_result(path)
         assert not provenance.stale_reasons(now) and now["code"] == original["code"]
         assert now["code_check"]["items"] == 3 and now["code_check"]["of"] == 3
