@@ -73,7 +73,7 @@ class OscarEvalLM(TemplateLM):
         super().__init__()
         import quant as quant_lib
         from harness import models
-        from harness.run import kernel_options
+        from harness.options import kernel_options
         from harness.runner import Runner
 
         unknown = sorted(set(extra) - IGNORED_ARGS)

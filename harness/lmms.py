@@ -25,7 +25,13 @@ import numpy as np
 import torch
 from lmms_eval.api.model import lmms
 
+from harness.models.source import RegistrySource
 from tasks.contract import Prompt
+from tasks.lmms import host
+
+# lmms-eval loads this plugin through its entry point, in the process where the MMAU-Pro hooks
+# (tasks/lmms/mmau_pro/utils.py) run: they may then name a registered model as the judge.
+host.set_models(RegistrySource())
 
 
 def parse_options(text: str | None) -> dict[str, Any]:

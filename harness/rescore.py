@@ -4,7 +4,7 @@
 
 Every sample is scored again by MMAUProTask.score_prediction from its recorded prediction (a failed
 item from the official stand-in answer), metrics and intervals are rebuilt as the eval loop builds
-them (harness.run.aggregate_with_ci, same seed and resamples), and the task version, settings and
+them (harness.record.aggregate_with_ci, same seed and resamples), and the task version, settings and
 notes are updated. Generation figures (system, per-sample cost fields, environment) stay the original
 run's; the model is not needed. The items come from the result's data ("generated", or --data for a
 path), matched by id and checked against the recorded data fingerprint. The judge and the embedder
@@ -85,7 +85,7 @@ def rescore_result(
 ) -> dict[str, Any]:
     """A new result dict: samples, metrics, categories, task and notes under the current rules."""
     from harness import results as R
-    from harness.run import aggregate_with_ci
+    from harness.record import aggregate_with_ci
 
     if data.fingerprint(items) != result["task"]["data_fingerprint"]:
         raise ValueError(

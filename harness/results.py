@@ -441,7 +441,7 @@ def cost_figures(records: list[dict[str, Any]], loop_s: float) -> dict[str, Any]
     """Run-level cost from the items' `cost` records (harness/models/cost.py): items per second of the loop's clock,
     summed prefill and decode seconds, decode steps per second of decode time, the share of decode steps on the
     kernel path, the largest per-item GPU peak. Only items_per_s when no item recorded a cost.
-    items_per_s_steady: where the run warmed up first (a GPU run, harness.run.warm_up: its seconds are `setup_s`,
+    items_per_s_steady: where the run warmed up first (a GPU run, harness.loop.warm_up: its seconds are `setup_s`,
     carried by the first timed record of each process) every item; else it leaves out the first generate call's
     items (its batch): what a method pays once per run is not per item, and a whole benchmark's time is the steady
     rate's. TTFT counts the items that ran their own prefill (not one another method of the run ran for them)."""

@@ -3,8 +3,9 @@
 Every .py under harness/, quant/ and tasks/ is parsed with ast (nothing is imported). All import statements count:
 module-level ones and those inside functions (lazy imports), `import a.b`, `from a import b` (a.b when that is a
 module, else a) and relative imports (`from . import x`, `from ..a import y`, resolved against the importing file's
-package). Imports named as strings (importlib.import_module, the registries in tasks/__init__.py and
-harness/models/__init__.py) are not seen.
+package). A call of `importlib.import_module("a.b")` (or `import_module`) with a literal name counts as a lazy import
+of a.b; the registries in tasks/__init__.py and harness/models/__init__.py, which name modules in tables, are not
+seen.
 
 The rules:
 - FORBIDDEN: a module under SOURCE never imports TARGET or anything under it (all imports, lazy ones included:
@@ -124,6 +125,18 @@ def imports_of(name: str, path: Path, known: set[str], packages: tuple[str, ...]
                 for target in _targets(child, name, path.name == "__init__.py", known):
                     if target.split(".")[0] in packages:
                         found.append(Import(name, target, path, child.lineno, lazy, text))
+            elif (
+                isinstance(child, ast.Call)
+                and (getattr(child.func, "attr", None) or getattr(child.func, "id", None)) == "import_module"
+                and child.args
+                and isinstance(child.args[0], ast.Constant)
+                and isinstance(child.args[0].value, str)
+            ):
+                target = child.args[0].value
+                if target.split(".")[0] in packages:
+                    text = lines[child.lineno - 1].strip()
+                    found.append(Import(name, target, path, child.lineno, True, text))
+                visit(child, lazy)
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 visit(child, True)
             elif isinstance(child, ast.If) and _is_type_checking(child.test):

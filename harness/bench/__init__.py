@@ -579,7 +579,7 @@ def _e2e_line(r: dict) -> str:
 def bench_kernels(args):
     """The run's quant.kernels.KernelOptions: `--kernels` over the environment's overrides; the e2e and generate
     benchmarks decode OScaR on the first of `--backends`."""
-    from harness.run import kernel_options
+    from harness.options import kernel_options
 
     first = [b for b in getattr(args, "backends", "cuda").split(",") if b][0].partition(":")[0]
     return kernel_options(getattr(args, "kernels", None), first)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness import leaderboard as L
-from harness import run, stats
+from harness import record, stats
 from tasks.ocrbench import TASK as OCRBENCH
 
 
@@ -67,7 +67,7 @@ def ocr_record(i: int, dataset: str, right: bool) -> dict:
 def test_the_loop_writes_both_intervals_and_the_leaderboard_shows_the_clustered_one():
     rng = np.random.default_rng(3)
     rs = [ocr_record(i, f"set{i % 6}", rng.random() < 0.3 + 0.1 * (i % 6)) for i in range(60)]
-    metrics, _ = run.aggregate_with_ci(OCRBENCH, rs, 200, 0)
+    metrics, _ = record.aggregate_with_ci(OCRBENCH, rs, 200, 0)
     m = metrics["accuracy"]
     assert m["clustered"]["n"] == 6 and "over 6 clusters" in m["clustered"]["ci_method"]
     assert m["clustered"]["ci_low"] <= m["value"] <= m["clustered"]["ci_high"]
@@ -76,6 +76,6 @@ def test_the_loop_writes_both_intervals_and_the_leaderboard_shows_the_clustered_
     )
     for r in rs:
         del r["cluster"]
-    plain, _ = run.aggregate_with_ci(OCRBENCH, rs, 200, 0)
+    plain, _ = record.aggregate_with_ci(OCRBENCH, rs, 200, 0)
     assert "clustered" not in plain["accuracy"] and plain["accuracy"]["ci_low"] == m["ci_low"]
     assert L.metric_cell(plain["accuracy"]).endswith("]") and "ᶜ" not in L.metric_cell(plain["accuracy"])

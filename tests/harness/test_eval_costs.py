@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness import loop, run
 from harness import results as R
-from harness import run
 from harness.models import MODELS
 from harness.models.cost import GenerationClock, generation_cost
 from harness.models.qwen3_vl.adapter import Qwen3VLAdapter
@@ -43,7 +43,7 @@ def test_item_cost_sums_calls_and_keeps_the_largest_peak():
             )
         ),
     ]
-    assert run.item_cost(responses) == {
+    assert loop.item_cost(responses) == {
         "prefill_s": 1.5,
         "decode_s": 3.0,
         "kernel_steps": 4,
@@ -53,7 +53,7 @@ def test_item_cost_sums_calls_and_keeps_the_largest_peak():
         "kv_bytes": 100,
         "calls": 2,
     }
-    assert run.item_cost([Response()]) is None  # no generate call (a Score request)
+    assert loop.item_cost([Response()]) is None  # no generate call (a Score request)
 
 
 def test_run_figures_from_item_costs():

@@ -141,8 +141,8 @@ def test_kv_summary_means_and_max():
 
 
 def test_environment_records_the_kernel_options():
+    from harness.options import kernel_options
     from harness.results import environment
-    from harness.run import kernel_options
     from quant.kernels.options import KernelOptions
 
     # the environment's overrides are read once, at the command line; --kernels and --backend apply over them
@@ -172,7 +172,7 @@ def test_environment_records_the_kernel_options():
 
 
 def test_backend_is_an_alias_of_the_kernels_backend_option():
-    from harness.run import kernel_options
+    from harness.options import kernel_options
 
     assert kernel_options(None, "triton", {}) == kernel_options("backend=triton", None, {})
     assert kernel_options("backend=triton,cuda_graphs=off", "triton", {}).cuda_graphs is False

@@ -235,7 +235,7 @@ def test_smollm2_answers_as_each_methods_own():
 def test_the_gpu_warm_up_keeps_nothing_and_changes_no_answer(qwen3):
     # harness.run.warm_up answers a run's first batch once before the timed loop (on a GPU; called directly here):
     # it neither keeps a prefill for the methods after it nor uses one, and the answers after it are the same.
-    from harness.run import warm_up
+    from harness.loop import warm_up
 
     class Task:  # the two calls of a task the warm-up makes
         name = "warm"

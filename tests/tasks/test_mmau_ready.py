@@ -167,3 +167,23 @@ def test_a_local_copy_of_the_official_judge_counts_as_official(tmp_path):
     assert judge.is_official(str(copy)) and judge.is_official(str(snapshot))
     assert not judge.is_official(str(renamed)) and not judge.is_official(str(other_shape))
     assert MMAUProTask(judge=str(copy)).notes() == [] and MMAUProTask(judge=str(renamed)).notes()
+
+
+def test_the_lmms_hooks_take_the_registry_the_oscar_eval_plugin_hands_over():
+    # tasks never import the harness: inside lmms-eval the plugin (harness.lmms) hands its registry over
+    from harness.models.source import RegistrySource
+    from tasks.lmms import host
+    from tasks.lmms.mmau_pro import utils
+
+    kept = list(host._MODELS)
+    try:
+        host._MODELS.clear()
+        utils._task.cache_clear()
+        assert utils._task().models is None  # another model plugin: judges by folder or hub id
+        source = RegistrySource()
+        host.set_models(source)
+        utils._task.cache_clear()
+        assert utils._task().models is source and "smollm2-135m" in utils._task().models
+    finally:
+        host._MODELS[:] = kept
+        utils._task.cache_clear()

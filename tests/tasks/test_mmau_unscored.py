@@ -9,6 +9,7 @@ from harness.models import tiny  # noqa: E402
 from tasks.mmau_pro import UNSCORED, MMAUProTask, generate
 
 run = pytest.importorskip("harness.run")
+record = pytest.importorskip("harness.record")
 
 
 def test_random_weights_are_not_scored_by_models(tmp_path):
@@ -41,9 +42,9 @@ def test_the_harness_turns_model_scoring_off_only_for_random_real_size_weights()
     from harness.models.source import RegistrySource
 
     task = MMAUProTask(models=RegistrySource())
-    assert run.scoring_for(task, {"weights": "real", "replica": False}) is task
-    assert run.scoring_for(task, {"weights": "random", "replica": True}) is task  # replicas keep the real scorers
-    copy = run.scoring_for(task, {"weights": "random", "replica": False})
+    assert record.scoring_for(task, {"weights": "real", "replica": False}) is task
+    assert record.scoring_for(task, {"weights": "random", "replica": True}) is task  # replicas keep the real scorers
+    copy = record.scoring_for(task, {"weights": "random", "replica": False})
     assert copy is not task and copy.model_scoring is False and task.model_scoring is True
     bare = MMAUProTask()  # the run's copy gets the registry, for a judge named by it
-    assert isinstance(run.scoring_for(bare, {"weights": "real"}).models, RegistrySource) and bare.models is None
+    assert isinstance(record.scoring_for(bare, {"weights": "real"}).models, RegistrySource) and bare.models is None

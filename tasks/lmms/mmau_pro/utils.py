@@ -9,21 +9,17 @@ with fewer than two choices are left out, as officially.
 import math
 from functools import lru_cache
 
+from tasks.lmms import host
 from tasks.mmau_pro import MMAUProTask, data, excluded_reason, prompt_text, score
 
 
 @lru_cache(maxsize=1)
 def _task():
     """The task with judge / embedder from MMAU_PRO_JUDGE / MMAU_PRO_EMBEDDER. These hooks run inside lmms-eval's
-    process beside the oscar-eval model plugin, so a judge may be a registered model by name (smollm2-135m): the
-    harness's registry is looked up by name when it is installed (tasks never import the harness)."""
-    import importlib
-
-    try:
-        models = importlib.import_module("harness.models.source").RegistrySource()
-    except ImportError:  # the tasks without the harness: judges by folder or hub id only
-        models = None
-    return MMAUProTask(models=models)
+    process beside the oscar-eval model plugin, which hands the harness's registry over (tasks/lmms/host.py),
+    so a judge may be a registered model by name (smollm2-135m); with another model plugin, judges are named by
+    folder or hub id (tasks never import the harness)."""
+    return MMAUProTask(models=host.models())
 
 
 @lru_cache(maxsize=1)
