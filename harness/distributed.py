@@ -30,6 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
+from harness import progress as PF
 from harness import results as R
 
 # How long a rank waits at a barrier for the slowest shard. Long on purpose: a failing rank ends the run through
@@ -187,7 +188,7 @@ def on_main(ranks: Ranks, fn: Callable[[], Any]) -> Any:
 # ---------------------------------------------------------------- progress files of several ranks
 
 
-class RankProgress(R.Progress):
+class RankProgress(PF.Progress):
     """A rank's progress: `records` holds what every progress file of the result recorded (the items done), `add`
     appends to this rank's own file."""
 
@@ -205,9 +206,9 @@ def open_progress(
     `replace_other` (--force) they are discarded only when one of them holds another run (another config or code),
     and resumed otherwise. Every rank reads the files between two barriers, before any rank writes; a file from
     other settings raises ResultFileError on every rank (the message says to rerun with --restart)."""
-    own = R.progress_path(result_path, ranks.rank if ranks.parallel else None)
+    own = PF.progress_path(result_path, ranks.rank if ranks.parallel else None)
     if replace_other and not restart:
-        other = [(p, diff) for p in R.progress_paths(result_path) for diff in [R.progress_diff(p, identity)] if diff]
+        other = [(p, diff) for p in PF.progress_paths(result_path) for diff in [PF.progress_diff(p, identity)] if diff]
         barrier(ranks)  # every rank has read the headers before any rank deletes a file
         if other and ranks.main:
             path, diff = other[0]
@@ -218,18 +219,18 @@ def open_progress(
     if restart:
         own.unlink(missing_ok=True)
         if ranks.main:
-            live = {R.progress_path(result_path, r) for r in range(ranks.world_size)} if ranks.parallel else {own}
-            for path in R.progress_paths(result_path):
+            live = {PF.progress_path(result_path, r) for r in range(ranks.world_size)} if ranks.parallel else {own}
+            for path in PF.progress_paths(result_path):
                 if path not in live:
                     path.unlink(missing_ok=True)
     barrier(ranks)
     found: dict[str, dict[str, Any]] = {}
-    for path in R.progress_paths(result_path):
+    for path in PF.progress_paths(result_path):
         if path != own:  # read only: the file exists, so open_progress checks its header and writes nothing
-            for record in R.open_progress(path, identity).records:
+            for record in PF.open_progress(path, identity).records:
                 found.setdefault(str(record["id"]), record)
     barrier(ranks)
-    progress = R.open_progress(own, identity)
+    progress = PF.open_progress(own, identity)
     mine = progress.done_ids
     records = progress.records + [r for i, r in found.items() if i not in mine]
     return RankProgress(own, identity, records, ranks)
@@ -237,7 +238,7 @@ def open_progress(
 
 def remove_progress(result_path: Path) -> None:
     """Delete every progress file of the result (rank 0, once the result is written)."""
-    for path in R.progress_paths(result_path):
+    for path in PF.progress_paths(result_path):
         path.unlink(missing_ok=True)
 
 
@@ -246,7 +247,7 @@ def gather_records(
 ) -> list[dict[str, Any]] | None:
     """On rank 0: every rank's records of its shard, in the task's item order (`ids`); None on the other ranks."""
     if not ranks.parallel:
-        return R.records_in_order(records, ids)
+        return PF.records_in_order(records, ids)
     import torch.distributed as dist
 
     wanted = {str(item["id"]) for item in shard_items}
@@ -255,7 +256,7 @@ def gather_records(
     dist.gather_object(mine, parts, dst=0)
     if not ranks.main:
         return None
-    return R.records_in_order([r for part in parts for r in part], ids)
+    return PF.records_in_order([r for part in parts for r in part], ids)
 
 
 def check_complete(records: list[dict[str, Any]], ids: list[str]) -> None:

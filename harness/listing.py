@@ -7,6 +7,7 @@ import re
 import sys
 from pathlib import Path
 
+from harness import progress as PF
 from harness import results as R
 
 WHAT = ("models", "methods", "tasks", "runs")
@@ -100,7 +101,8 @@ def list_runs(args) -> list[str]:
     lines += [f"stale (`oscar-eval eval ... --force` reruns one): {len(stale)} of {len(rows)}"] + stale if stale else []
     unfinished = sorted(root.rglob("*.partial.jsonl")) if root.exists() else []
     lines += [
-        f"unfinished: {p} ({R.progress_count(p)} items recorded; {_how_to_resume(p)}, or delete it)" for p in unfinished
+        f"unfinished: {p} ({PF.progress_count(p)} items recorded; {_how_to_resume(p)}, or delete it)"
+        for p in unfinished
     ]
     return lines
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import distributed as D
+from harness import progress as PF
 from harness import results as R
 from harness.record import aggregate_with_ci
 
@@ -22,8 +23,8 @@ def check_progress(runs: list[tuple["RunContext", Path]]) -> None:
     clashes = []
     for ctx, path in runs:
         current = path.exists() and not _differences(path, ctx)
-        for progress in [] if current else R.progress_paths(path):
-            diff = R.progress_diff(progress, ctx.identity())
+        for progress in [] if current else PF.progress_paths(path):
+            diff = PF.progress_diff(progress, ctx.identity())
             if diff:
                 clashes.append(f"{progress} ({'; '.join(diff)})")
     if clashes:
@@ -197,8 +198,8 @@ def _differences(path: Path, ctx: RunContext) -> list[str]:
 def _report_orphans(path: Path, discard: bool = False) -> None:
     """Say so when an unfinished run's progress sits beside an up-to-date result (a forced rerun that was killed);
     `discard` (--restart): delete it, and say that."""
-    for progress in R.progress_paths(path):
-        n = R.progress_count(progress)
+    for progress in PF.progress_paths(path):
+        n = PF.progress_count(progress)
         n = "unreadable" if n is None else f"{n} items"
         if discard:
             progress.unlink(missing_ok=True)
@@ -222,7 +223,7 @@ def _seed_everything(seed: int) -> None:
 
 
 def _run_items(
-    ctx: RunContext, runner, progress: R.Progress, items: list[dict[str, Any]] | None = None, where: str = ""
+    ctx: RunContext, runner, progress: PF.Progress, items: list[dict[str, Any]] | None = None, where: str = ""
 ) -> None:
     """Run `items` (default: all of ctx.items; a rank: its shard) that `progress` has not recorded yet: `batch_size`
     items at a time, their requests answered together by `runner` (harness/runner.py), each record written as soon

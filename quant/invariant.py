@@ -104,8 +104,9 @@ def without_cudnn_attention(device: torch.device):
 
     cuDNN builds an execution plan at each new shape on its first call, and every prompt length and image size of a
     run is a new shape: the run's first method built them and the methods after it found them built, so its items/s
-    depended on its place in the run (docs/PERFORMANCE.md, A method's place in the run). The mode's prompts run one at a time without a mask,
-    where flash (which needs no plan) applies; its one-query steps already take flash or math (`rowwise`)."""
+    depended on its place in the run (docs/PERFORMANCE.md, A method's place in the run). The mode's prompts run one
+    at a time without a mask, where flash (which needs no plan) applies; its one-query steps already take flash or
+    math (`rowwise`)."""
     if device.type != "cuda":
         yield
         return

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness import distributed as D
+from harness import progress as PF
 from harness import results as R
 
 LIMIT, NEW_TOKENS = 5, 4  # five items: shards of 3 and 2; a few tokens keep the CPU run short
@@ -88,7 +89,7 @@ def test_shards_cover_every_item_once(world):
 
 def test_progress_files_are_named_per_rank(tmp_path):
     result = tmp_path / "oscar.json"
-    assert R.progress_path(result, 2).name == "oscar.rank2.partial.jsonl"
+    assert PF.progress_path(result, 2).name == "oscar.rank2.partial.jsonl"
     for name in (
         "oscar.partial.jsonl",
         "oscar.rank10.partial.jsonl",
@@ -97,7 +98,7 @@ def test_progress_files_are_named_per_rank(tmp_path):
         "kivi.rank0.partial.jsonl",
     ):
         (tmp_path / name).write_text("")
-    assert [p.name for p in R.progress_paths(result)] == [
+    assert [p.name for p in PF.progress_paths(result)] == [
         "oscar.partial.jsonl",
         "oscar.rank2.partial.jsonl",
         "oscar.rank10.partial.jsonl",
@@ -109,17 +110,17 @@ def test_one_process_resumes_from_every_ranks_file(tmp_path):
     go to the one-process file; a file from other settings is refused; --restart discards them all."""
     result, ident = tmp_path / "oscar.json", {"model": "m", "method": {"bits": 2}}
     for rank, ids in ((0, ["a", "c"]), (1, ["b"])):
-        progress = R.open_progress(R.progress_path(result, rank), ident)
+        progress = PF.open_progress(PF.progress_path(result, rank), ident)
         for i in ids:
             progress.add({"id": i, "prediction": f"p-{i}"})
     progress = D.open_progress(result, ident, restart=False, ranks=D.Ranks())
-    assert progress.done_ids == {"a", "b", "c"} and progress.path == R.progress_path(result)
+    assert progress.done_ids == {"a", "b", "c"} and progress.path == PF.progress_path(result)
     progress.add({"id": "d", "prediction": "p-d"})
-    assert R.open_progress(R.progress_path(result), ident).done_ids == {"d"}
+    assert PF.open_progress(PF.progress_path(result), ident).done_ids == {"d"}
     with pytest.raises(R.ResultFileError, match="--restart"):
         D.open_progress(result, {**ident, "method": {"bits": 3}}, restart=False, ranks=D.Ranks())
     fresh = D.open_progress(result, {**ident, "method": {"bits": 3}}, restart=True, ranks=D.Ranks())
-    assert fresh.done_ids == set() and R.progress_paths(result) == [R.progress_path(result)]
+    assert fresh.done_ids == set() and PF.progress_paths(result) == [PF.progress_path(result)]
 
 
 def test_parallel_figures_are_recorded_and_valid():
@@ -197,15 +198,15 @@ def test_two_ranks_resume_a_killed_rank_and_merge_as_one_process(tmp_path):
 
     killed = _torchrun(out, kill=(1, 1))  # rank 1 dies after its first item; torchrun stops rank 0
     assert killed.returncode != 0 and not path.exists(), killed.stderr[-3000:]
-    files = R.progress_paths(path)
-    assert R.progress_path(path, 1) in files and R.progress_path(path) not in files
-    assert len(_recorded(R.progress_path(path, 1))) == 1
+    files = PF.progress_paths(path)
+    assert PF.progress_path(path, 1) in files and PF.progress_path(path) not in files
+    assert len(_recorded(PF.progress_path(path, 1))) == 1
     before = {str(r["id"]): r for f in files for r in _recorded(f)}
 
     resumed = _torchrun(out, kill=None)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     two = R.read_result(path)
-    assert R.progress_paths(path) == []  # rank 0 removed every progress file
+    assert PF.progress_paths(path) == []  # rank 0 removed every progress file
     by_id = {s["id"]: s for s in two["samples"]}
     assert all(by_id[i] == r for i, r in before.items())  # recorded before the kill, reused as they were
 

@@ -28,10 +28,10 @@ def test_methods_lists_every_preset_with_its_groups():
 def test_an_unfinished_run_beside_its_result_is_resumed_with_force_as_eval_says(tmp_path):
     """A killed --force rerun leaves its progress beside the up-to-date result, which a plain rerun skips: `list`
     says --force, as `oscar-eval eval` does; an unfinished run alone resumes with its command."""
-    from harness import results as R
+    from harness import progress as PF
 
-    R.open_progress(tmp_path / "kivi.partial.jsonl", {"model": "m"}).add({"id": "a", "scores": {}})
-    R.open_progress(tmp_path / "oscar.partial.jsonl", {"model": "m"}).add({"id": "a", "scores": {}})
+    PF.open_progress(tmp_path / "kivi.partial.jsonl", {"model": "m"}).add({"id": "a", "scores": {}})
+    PF.open_progress(tmp_path / "oscar.partial.jsonl", {"model": "m"}).add({"id": "a", "scores": {}})
     (tmp_path / "kivi.json").write_text("{}")  # the result beside the first
     assert listing._how_to_resume(tmp_path / "kivi.partial.jsonl") == "rerun its command with --force to resume"
     assert listing._how_to_resume(tmp_path / "kivi.rank1.partial.jsonl") == "rerun its command with --force to resume"

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from harness import progress as PF
 from harness import results as R
 from tests.harness.test_results_factory import make_result
 
@@ -79,7 +80,7 @@ def test_paths_are_predictable_and_checked():
     generated = R.run_path("ocrbench", "generated", "tiny-qwen3-vl", "kivi")
     assert str(generated).endswith("ocrbench.generated/tiny-qwen3-vl/kivi.json")
     assert str(R.run_path("ppl", "/data/my.txt", "m", "bf16")).endswith("ppl.custom/m/bf16.json")
-    assert R.progress_path("a/b/kivi.json").name == "kivi.partial.jsonl"
+    assert PF.progress_path("a/b/kivi.json").name == "kivi.partial.jsonl"
     with pytest.raises(ValueError, match="method name '../x'"):
         R.run_path("ppl", None, "m", "../x")
 
@@ -87,34 +88,34 @@ def test_paths_are_predictable_and_checked():
 def test_progress_resumes_and_refuses_other_settings(tmp_path):
     path = tmp_path / "kivi.partial.jsonl"
     ident = {"model": "m", "method": {"bits": 2}, "task": "t"}
-    p = R.open_progress(path, ident)
+    p = PF.open_progress(path, ident)
     p.add({"id": "a", "scores": {"x": 1.0}})
     p.add({"id": "b", "scores": {"x": 0.0}})
     with open(path, "a") as f:  # the process died while writing a third record
         f.write('{"record": {"id": "c", "sco')
-    resumed = R.open_progress(path, ident)
+    resumed = PF.open_progress(path, ident)
     assert resumed.done_ids == {"a", "b"}
     with pytest.raises(R.ResultFileError, match=r"method.bits: 2 -> 3.*--restart"):
-        R.open_progress(path, {**ident, "method": {"bits": 3}})
-    assert R.open_progress(path, {**ident, "method": {"bits": 3}}, restart=True).done_ids == set()
+        PF.open_progress(path, {**ident, "method": {"bits": 3}})
+    assert PF.open_progress(path, {**ident, "method": {"bits": 3}}, restart=True).done_ids == set()
 
 
 def test_a_failed_item_is_tried_again_on_resume_and_its_last_line_counts(tmp_path):
     path = tmp_path / "m.partial.jsonl"
     ident = {"model": "m", "method": {"name": "kivi"}}
-    p = R.open_progress(path, ident)
+    p = PF.open_progress(path, ident)
     p.add({"id": "a", "error": "item a: image.png could not be read"})
     p.add({"id": "b", "score": 1})
-    again = R.open_progress(path, ident)
+    again = PF.open_progress(path, ident)
     assert again.done_ids == {"b"} and again.failed == 1  # a's cause may be fixed since: it runs again
     again.add({"id": "a", "score": 0})
-    last = R.open_progress(path, ident)
+    last = PF.open_progress(path, ident)
     assert last.done_ids == {"a", "b"} and last.failed == 0 and {r["id"]: r for r in last.records}["a"]["score"] == 0
 
 
 def test_records_keep_task_order():
     recs = [{"id": "c"}, {"id": "a"}, {"id": "b"}]
-    assert [r["id"] for r in R.records_in_order(recs, ["a", "b", "c", "d"])] == ["a", "b", "c"]
+    assert [r["id"] for r in PF.records_in_order(recs, ["a", "b", "c", "d"])] == ["a", "b", "c"]
 
 
 def test_jsonable_and_metric_direction():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import progress as PF
 from harness import results as R
 from harness import run
 from harness.cli import main as cli
@@ -103,7 +104,7 @@ def test_result_fields_and_up_to_date_skip(tmp_path, adapter, task, capsys):
     # --restart discards an unfinished run's progress; beside an up-to-date result it reruns nothing: it deletes the
     # progress a killed forced rerun left
     result_path = tmp_path / f"{quarot['method']['name']}.first2.json"
-    orphan = R.progress_path(result_path)
+    orphan = PF.progress_path(result_path)
     orphan.write_text("{}\n")
     again = run.evaluate("smollm2-135m", "quarot-own-paper", task=task, limit=2, out=out, adapter=adapter, restart=True)
     err = capsys.readouterr().err
@@ -216,14 +217,14 @@ def test_a_result_of_other_code_reruns_and_a_killed_forced_run_resumes(tmp_path,
     run.evaluate("smollm2-135m", "kivi", task=resumed, limit=3, out=out, adapter=adapter, force=True)
     assert len(resumed.calls) == 2 and crashing.calls[0] not in resumed.calls
     assert "resuming, 1 of 3 items already recorded" in capsys.readouterr().err
-    assert not R.progress_paths(path)
+    assert not PF.progress_paths(path)
 
 
 def test_a_progress_file_of_other_settings_stops_a_run_before_its_first_method(tmp_path, adapter, task):
     # kivi's turn comes second: the clash with its progress file is said before bf16 runs, not after it
     out = str(tmp_path / "{method}.json")
-    progress = R.progress_path(tmp_path / "kivi.first2.json")
-    R.open_progress(progress, {"model": "another"})
+    progress = PF.progress_path(tmp_path / "kivi.first2.json")
+    PF.open_progress(progress, {"model": "another"})
     with pytest.raises(R.ResultFileError, match=r"1 unfinished run\(s\) with different settings .*kivi.first2.partial"):
         run.evaluate("smollm2-135m", "bf16,kivi", task=task, limit=2, out=out, adapter=adapter)
     assert not (tmp_path / "bf16.first2.json").exists()
