@@ -15,8 +15,8 @@ SUBCOMMANDS = {
     "tni": ("harness.tni", "per-token key/value norm statistics and picture (token-norm imbalance)"),
     "diagnose": ("harness.diagnose", "per layer and KV head: where the keys' Hadamard rotation hurts 2-bit keys"),
     "bench": ("harness.bench", "kernel and end-to-end speed and memory benchmarks"),
-    "leaderboard": ("harness.leaderboard", "build the leaderboard (markdown + HTML) from result files"),
-    "compare": ("harness.compare", "compare two result files; non-zero exit on a regression"),
+    "leaderboard": ("harness.report.leaderboard", "build the leaderboard (markdown + HTML) from result files"),
+    "compare": ("harness.report.compare", "compare two result files; non-zero exit on a regression"),
     "bench-check": (
         "harness.bench.check",
         "a bench JSON against the kernel targets and an older run; non-zero exit on a slowdown",

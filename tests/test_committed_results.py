@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import leaderboard as L
 from harness import provenance
 from harness import results as R
+from harness.report import leaderboard as L
+from harness.report import speed as S
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / R.RUNS_DIR
@@ -32,7 +33,7 @@ def test_a_committed_result_is_what_its_name_says(path):
 def test_the_leaderboard_and_the_readme_are_what_make_leaderboard_writes(monkeypatch):
     monkeypatch.chdir(ROOT)  # as `make leaderboard` runs: paths in the tables are relative to the checkout
     board = L.build_board(
-        L.load_runs(R.RUNS_DIR), L.load_json(Path("results/paper.json")), L.load_bench(Path("results/bench"))
+        L.load_runs(R.RUNS_DIR), L.load_json(Path("results/paper.json")), S.load_bench(Path("results/bench"))
     )
     committed = (ROOT / "results" / "LEADERBOARD.md").read_text(encoding="utf-8")
     assert L.markdown(board) == committed, "results/LEADERBOARD.md is out of date: run `make leaderboard`"

@@ -50,6 +50,12 @@ FORBIDDEN = (
         ("harness", "tasks"),
         "the quantization library stands alone: it imports neither the harness nor the tasks",
     ),
+    (
+        "harness.report",
+        ("harness.bench.check", "harness.run", "harness.loop", "harness.runner", "harness.scoring", "harness.models"),
+        "the report wing reads result files and bench JSONs (harness.bench.reference), never the bench gate; it "
+        "never runs a model or the eval loop",
+    ),
 )
 
 # The nodes of the package graph, which must stay acyclic; a module belongs to the deepest node holding it.
@@ -58,6 +64,7 @@ PACKAGE_NODES = (
     "harness",
     "harness.models",
     "harness.bench",
+    "harness.report",
     "quant",
     "quant.kernels",
     "quant.methods",

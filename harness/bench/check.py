@@ -20,16 +20,11 @@ is missed); 2 on bad input (unreadable file, no kernel rows, different GPUs).
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-
-class BenchFileError(ValueError):
-    """A bench JSON that cannot be read or compared; the message says which and why."""
+from harness.bench.reference import BenchFileError, load, num, ratio, reference_paths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,36 +55,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def load(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise BenchFileError(f"{p}: no such file (bench JSONs are written by `make bench` under results/bench/)")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise BenchFileError(f"{p}: not JSON ({e}); was the bench run cut off while writing?") from e
-    if not isinstance(data, dict) or not any(k in data for k in ("kernels", "e2e", "generate")):
-        raise BenchFileError(f"{p}: not a `make bench` result (no kernels, e2e or generate section)")
-    return data
-
-
-# How `oscar-eval bench` names a run it writes (harness/bench/__init__.py): bench-<UTC time>.json.
-RUN_NAME = re.compile(r"bench-\d{8}T\d{6}Z")
-
-
-def reference_paths(reference_dir: Path) -> list[Path]:
-    """The GPU kinds' references: every <gpu-kind>.json directly under reference_dir (not its runs/ folder). A bench
-    run's file there (bench-<time>.json) is refused: a run is no GPU kind."""
-    paths = sorted(reference_dir.glob("*.json")) if reference_dir.is_dir() else []
-    runs = [p for p in paths if RUN_NAME.fullmatch(p.stem)]
-    if runs:
-        raise BenchFileError(
-            f"{runs[0]}: a bench run, not a GPU kind's reference; runs belong in "
-            f"{reference_dir}/runs/ (git-ignored), a reference is {reference_dir}/<gpu-kind>.json"
-        )
-    return paths
-
-
 def reference_for(data: dict, reference_dir: Path) -> Path:
     """The reference bench JSON under reference_dir recorded on the same GPU as `data` (environment.device)."""
     device = (data.get("environment") or {}).get("device")
@@ -113,10 +78,6 @@ def parse_slowdown(text: str) -> float:
     if value < 0:
         raise BenchFileError(f"--max-slowdown {text!r} is negative")
     return value
-
-
-def num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
 # ---------------------------------------------------------------- targets
@@ -317,11 +278,6 @@ def kv_format_cap(kv_channels: int, tokens: int) -> float:
     bf16 = 2 * kv_channels * 2
     packed = 2 * kv_channels * c.bits / 8 + 2 * kv_channels * 4 / c.group_size + 4
     return tokens * bf16 / (tokens * packed + c.residual_length * bf16)
-
-
-def ratio(a: Any, b: Any) -> float | None:
-    a, b = num(a), num(b)
-    return a / b if a is not None and b else None
 
 
 # ---------------------------------------------------------------- against an older bench JSON

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from harness import leaderboard as L
 from harness import results as R
 from harness import stats
 from harness.cli import main as cli
+from harness.report import tables as T
 from tests.harness.test_results_factory import make_result
 
 BF16 = [[5, 6, 7, 2], [9, 9, 2], [1, 2, 3, 4, 5, 2], [8, 2], [4, 4, 4, 2]]
@@ -71,15 +71,15 @@ def test_the_leaderboard_shows_agreement_against_bf16_of_the_same_items():
     for r in runs:
         r["model"]["replica"] = False
         r["_path"] = f"results/runs/handmade/tiny-model/{r['method']['name']}.json"
-    table = L.result_table(("handmade", "generated", "tiny-model"), runs)
-    same, first = table.header.index(L.SAME_TOKENS), table.header.index(L.FIRST_DIVERGENCE)
+    table = T.result_table(("handmade", "generated", "tiny-model"), runs)
+    same, first = table.header.index(T.SAME_TOKENS), table.header.index(T.FIRST_DIVERGENCE)
     assert [(row[same], row[first]) for row in table.rows] == [("–", "–"), ("40% of 5", "3"), ("100% of 5", "–")]
     runs[1]["task"]["data_fingerprint"] = "other items"  # not BF16's items: nothing to compare
-    assert L.result_table(("handmade", "generated", "tiny-model"), runs).rows[1][same] == "–"
+    assert T.result_table(("handmade", "generated", "tiny-model"), runs).rows[1][same] == "–"
     for r in runs:  # no tokens and no digests (perplexity): no columns
         for sample in r["samples"]:
             sample.pop("tokens"), sample.pop("tokens_sha1")
-    assert L.SAME_TOKENS not in L.result_table(("handmade", "generated", "tiny-model"), runs).header
+    assert T.SAME_TOKENS not in T.result_table(("handmade", "generated", "tiny-model"), runs).header
 
 
 def test_compare_prints_and_writes_the_agreement(tmp_path, capsys):

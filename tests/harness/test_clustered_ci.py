@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness import leaderboard as L
 from harness import record, stats
+from harness.report import tables as T
 from tasks.ocrbench import TASK as OCRBENCH
 
 
@@ -71,11 +71,11 @@ def test_the_loop_writes_both_intervals_and_the_leaderboard_shows_the_clustered_
     m = metrics["accuracy"]
     assert m["clustered"]["n"] == 6 and "over 6 clusters" in m["clustered"]["ci_method"]
     assert m["clustered"]["ci_low"] <= m["value"] <= m["clustered"]["ci_high"]
-    assert L.metric_cell(m) == (
-        f"{L.fmt(m['value'])} [{L.fmt(m['clustered']['ci_low'])}, {L.fmt(m['clustered']['ci_high'])}]ᶜ"
+    assert T.metric_cell(m) == (
+        f"{T.fmt(m['value'])} [{T.fmt(m['clustered']['ci_low'])}, {T.fmt(m['clustered']['ci_high'])}]ᶜ"
     )
     for r in rs:
         del r["cluster"]
     plain, _ = record.aggregate_with_ci(OCRBENCH, rs, 200, 0)
     assert "clustered" not in plain["accuracy"] and plain["accuracy"]["ci_low"] == m["ci_low"]
-    assert L.metric_cell(plain["accuracy"]).endswith("]") and "ᶜ" not in L.metric_cell(plain["accuracy"])
+    assert T.metric_cell(plain["accuracy"]).endswith("]") and "ᶜ" not in T.metric_cell(plain["accuracy"])

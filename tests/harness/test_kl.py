@@ -19,7 +19,6 @@ import pytest
 import torch
 
 import quant
-from harness import leaderboard as L
 from harness import run
 from harness import scoring as S
 from harness.models import traits_of
@@ -27,6 +26,7 @@ from harness.models.base import ModelSpec
 from harness.models.synthetic import byte_tokenizer, seeded_model
 from harness.models.text.adapter import TextAdapter
 from harness.models.text.synthetic import TINY_TEXT
+from harness.report import tables as T
 from harness.runner import Runner
 from quant import fold
 from tasks.ppl import PerplexityTask
@@ -138,18 +138,18 @@ def test_the_ppl_table_shows_kl_p99_and_top1_and_tests_them_paired(together):
     for r in runs:
         r["model"]["replica"] = False  # a table of trained weights shows the metrics
         r["_path"] = f"results/runs/ppl/tiny-text/{r['method']['name']}.json"
-    table = L.result_table(("ppl", "official", "tiny-text"), runs)
+    table = T.result_table(("ppl", "official", "tiny-text"), runs)
     assert table.header[2:6] == ["ppl ↓ (95% CI)", "kl ↓ (95% CI)", "kl_p99 ↓ (95% CI)", "top1 ↑ (95% CI)"]
-    kl = [L.fmt(r["metrics"]["kl"]["value"]) for r in runs]
+    kl = [T.fmt(r["metrics"]["kl"]["value"]) for r in runs]
     assert [row[3].split()[0] for row in table.rows] == kl and kl[0] == "0"
-    paired = L.paired_table("ppl · tiny-text", runs)
+    paired = T.paired_table("ppl · tiny-text", runs)
     tests = [f"{m} vs {ref}" for m in ("ppl", "kl", "kl_p99", "top1") for ref in ("bf16", "oscar")]
     assert paired.header == ["method", *tests]
     kivi = dict(zip(paired.header, paired.rows[1]))
     assert kivi["kl vs bf16"].startswith(f"{runs[1]['metrics']['kl']['value']:+.3g} (")
     for name in ("kl", "kl_p99", "top1"):  # a BF16 result of older code, without them: their columns stay in place
         del runs[0]["metrics"][name]
-    table = L.result_table(("ppl", "official", "tiny-text"), runs)
+    table = T.result_table(("ppl", "official", "tiny-text"), runs)
     assert table.header[2:7] == ["ppl ↓ (95% CI)", "kl ↓ (95% CI)", "kl_p99 ↓ (95% CI)", "top1 ↑ (95% CI)", "items"]
     assert table.rows[0][3:6] == ["–", "–", "–"] and table.rows[1][3].split()[0] == kl[1]
 

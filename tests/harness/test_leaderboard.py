@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import leaderboard as L
-from harness import report_html
 from harness import results as R
 from harness.bench import check as bench_check
 from harness.cli import main as cli
+from harness.report import html as report_html
+from harness.report import leaderboard as L
+from harness.report import speed as S
+from harness.report import tables as T
 from tests.harness.test_bench_check import bench_file
 from tests.harness.test_results_factory import make_result
 
@@ -91,9 +93,9 @@ def test_markdown_leads_with_trained_weights_and_collapses_the_pipeline_checks(w
     assert ppl[0].startswith(
         "| method | FP tokens | ppl ↓ (95% CI) | items | failed | bits/elt | KV KiB/item | vs bf16 |"
     )
-    ci = L.NBSP.join(("11", "[10.9,", "11.1]"))  # the value and its interval: one unbreakable cell
+    ci = T.NBSP.join(("11", "[10.9,", "11.1]"))  # the value and its interval: one unbreakable cell
     assert ppl[1].startswith(f"| bf16 | all | {ci} | 3 | 0 | 16 | 4 | 1.00x |")
-    ci = L.NBSP.join(("14", "[13.9,", "14.1]"))
+    ci = T.NBSP.join(("14", "[13.9,", "14.1]"))
     assert ppl[2].startswith(f"| kivi | – | {ci} | 3 | 2 | 16 | 0.7812 | 5.12x |")  # 4096 / 800 bytes
     assert "1 GiB RSS" in ppl[1]
     checks = t["ocrbench · tiny-model (generated data, tiny replica)"]
@@ -141,7 +143,7 @@ def test_speed_and_memory_come_from_each_gpu_kinds_reference(workdir):
     h100 = tables(md)["Speed and memory: Decode end to end, Qwen3-8B shape, NVIDIA H100 80GB HBM3"]
     data = json.loads(Path("results/bench/h100.json").read_text())
     big = {r["kind"]: r for r in data["e2e"] if r.get("largest")}
-    want = L.fmt(big["oscar"]["graph_tokens_per_s"] / big["bf16"]["graph_tokens_per_s"], 3)
+    want = T.fmt(big["oscar"]["graph_tokens_per_s"] / big["bf16"]["graph_tokens_per_s"], 3)
     assert any(
         row.startswith(f"| 128K (largest batch that fits) | {big['bf16']['batch']} / {big['oscar']['batch']} |")
         and f"{float(want):.2f}x" in row
@@ -173,7 +175,7 @@ def test_bench_runs_are_never_a_gpu_kind(workdir, capsys):
     assert cli(["leaderboard", "--paper", "paper.json"]) == 0
     md = Path("results/LEADERBOARD.md").read_text()
     assert "NVIDIA H200" not in md and "bench-2026" not in md
-    assert list(L.load_bench(Path("results/bench"))) == ["h100"]
+    assert list(S.load_bench(Path("results/bench"))) == ["h100"]
 
     Path("results/bench/bench-20260102T000000Z.json").write_text(json.dumps(run))  # a run written beside the kinds
     assert cli(["leaderboard", "--paper", "paper.json"]) == 2
@@ -199,33 +201,33 @@ def test_invalid_result_file_stops_the_build(workdir, capsys):
 
 def test_models_without_trained_weights_are_pipeline_checks():
     r = real(make_result("oscar", [1.0]))
-    assert not L.is_pipeline_check(r)
-    assert L.is_pipeline_check(make_result("oscar", [1.0]))  # the factory's tiny replica
+    assert not T.is_pipeline_check(r)
+    assert T.is_pipeline_check(make_result("oscar", [1.0]))  # the factory's tiny replica
     for marker in ({"random_weights": True}, {"weights": "random"}):  # a real architecture with random weights
-        assert L.is_pipeline_check({**r, "model": {**r["model"], **marker}})
+        assert T.is_pipeline_check({**r, "model": {**r["model"], **marker}})
     random = {**r, "model": {**r["model"], "weights": "random"}, "_path": "b"}
     real_groups, checks = L.group_runs([{**r, "_path": "a"}, random])
     assert [g[0]["_path"] for g in real_groups.values()] == ["a"] and [g[0]["_path"] for g in checks.values()] == ["b"]
     # what a random-weight run carries: speed, memory and the code path, shown where recorded; no accuracy
     random["system"] = {**random["system"], "items_per_s": 0.5, "kernel_step_share": 1.0}
-    t = L.result_table(("ocrbench", "generated", "qwen3-vl-8b"), [random], pipeline_check=True)
+    t = T.result_table(("ocrbench", "generated", "qwen3-vl-8b"), [random], pipeline_check=True)
     assert t.title == "ocrbench · qwen3-vl-8b (generated data, random weights)"
     assert t.header[:4] == ["method", "FP tokens", "items", "failed"]
     assert "items/s" in t.header and "kernel steps" in t.header
     assert t.rows[0][t.header.index("kernel steps")] == "100%"
-    assert "items/s" not in L.result_table(("ppl", "official", "m"), [{**r, "_path": "a"}]).header
+    assert "items/s" not in T.result_table(("ppl", "official", "m"), [{**r, "_path": "a"}]).header
 
 
 def test_failed_items_read_from_whichever_field_records_them():
     r = make_result("oscar", [1.0, 0.0, 1.0])
-    assert L.failed_items(r) == 0
+    assert T.failed_items(r) == 0
     r["samples"][0]["error"] = "ValueError: bad image"
     del r["n_errors"]
-    assert L.failed_items(r) == 1  # counted from the samples
+    assert T.failed_items(r) == 1  # counted from the samples
     r["n_errors"] = 3
-    assert L.failed_items(r) == 3
+    assert T.failed_items(r) == 3
     r["system"]["failed_items"] = 2
-    assert L.failed_items(r) == 2
+    assert T.failed_items(r) == 2
 
 
 def test_pareto_front():
@@ -237,11 +239,11 @@ def test_pareto_front():
 
 def test_bench_tables_and_plots_of_a_reference():
     data = {**bench_check.load(REPO / "results" / "bench" / "h100.json"), "_path": "results/bench/h100.json"}
-    kernels = L.kernel_table("h100", data)
+    kernels = S.kernel_table("h100", data)
     assert len(kernels.rows) == len(data["kernels"])
-    assert [row[0] for row in kernels.rows] == sorted((row[0] for row in kernels.rows), key=L.shape_rank)
+    assert [row[0] for row in kernels.rows] == sorted((row[0] for row in kernels.rows), key=S.shape_rank)
     first = next(k for k in data["kernels"] if (k["shape"], k["batch"], k["context"]) == ("qwen3-8b", 1, 1024))
-    assert kernels.rows[0][:4] == ["qwen3-8b", "1", "1024", L.fmt(first["oscar_cuda_graph_us"], 3)]
+    assert kernels.rows[0][:4] == ["qwen3-8b", "1", "1024", T.fmt(first["oscar_cuda_graph_us"], 3)]
     for plot in (report_html.speed_plot(data), report_html.memory_plot(data)):
         assert plot.startswith("data:image/png;base64,")
     assert report_html.speed_plot({"kernels": []}) is None and report_html.memory_plot({"e2e": []}) is None
@@ -262,13 +264,13 @@ def test_result_plots_leave_out_what_has_nothing_to_show():
 
 def test_speed_of_graph_decoded_runs_is_marked():
     r = make_result("oscar", [1.0, 0.0])
-    assert "graphs" not in L.run_row(r, None)["tok/s"]
+    assert "graphs" not in T.run_row(r, None)["tok/s"]
     r["system"]["graph_decode_share"] = 0.98  # OScaR's kernel path on a GPU: decode steps replayed as CUDA graphs
-    assert L.run_row(r, None)["tok/s"] == "120 (graphs)"
+    assert T.run_row(r, None)["tok/s"] == "120 (graphs)"
 
 
 def test_own_paper_settings_get_their_own_table():
-    from harness.leaderboard import group_runs
+    from harness.report.leaderboard import group_runs
 
     def run(folder, method, window):
         r = make_result(method, [1.0, 0.0])
@@ -281,7 +283,7 @@ def test_own_paper_settings_get_their_own_table():
 
 
 def test_whole_benchmark_cost_is_extrapolated_from_real_size_runs():
-    from harness import eval_cost
+    from harness.report import eval_cost
 
     r = make_result("oscar", [0.0, 0.0], task="ocrbench")
     r["model"].update(weights="random", replica=False, name="qwen3-vl-8b")
@@ -297,14 +299,14 @@ def test_whole_benchmark_cost_is_extrapolated_from_real_size_runs():
 
 
 def test_numbers_are_written_plain_never_with_an_exponent():
-    assert L.fmt(1163.4, 3) == "1163" and L.fmt(999.6, 3) == "1000" and L.fmt(1756.3, 3) == "1756"
-    assert L.fmt(12.34, 3) == "12.3" and L.fmt(99.96, 3) == "100" and L.fmt(None) == "–"
+    assert T.fmt(1163.4, 3) == "1163" and T.fmt(999.6, 3) == "1000" and T.fmt(1756.3, 3) == "1756"
+    assert T.fmt(12.34, 3) == "12.3" and T.fmt(99.96, 3) == "100" and T.fmt(None) == "–"
     # the whole range plain: tiny and huge values too (a KL near zero, a broken method's perplexity)
-    assert L.fmt(1.234e-5, 3) == "0.0000123" and L.fmt(2.5e6) == "2500000" and L.fmt(-0.0004567, 2) == "-0.00046"
-    assert L.signed(1968.4) == "+1968" and L.signed(-0.25) == "-0.25" and L.signed(0.0) == "+0"
+    assert T.fmt(1.234e-5, 3) == "0.0000123" and T.fmt(2.5e6) == "2500000" and T.fmt(-0.0004567, 2) == "-0.00046"
+    assert T.signed(1968.4) == "+1968" and T.signed(-0.25) == "-0.25" and T.signed(0.0) == "+0"
     from harness.stats import PairedResult
 
-    cell = L.difference_cell(PairedResult(1968.4, 1500.0, 2400.0, 0.002, 22))  # a paired-difference cell
+    cell = T.difference_cell(PairedResult(1968.4, 1500.0, 2400.0, 0.002, 22))  # a paired-difference cell
     assert cell == "+1968 (0.002)" and "e+" not in cell and "e-" not in cell
 
 
@@ -315,21 +317,21 @@ def test_paired_tables_test_each_method_against_bf16_and_oscar():
         r = real(make_result(method, s, model="smollm2-135m"))
         r["_path"] = f"results/runs/handmade/smollm2-135m/{method}.json"
         runs.append(r)
-    t = L.paired_table("handmade · smollm2-135m", runs)
+    t = T.paired_table("handmade · smollm2-135m", runs)
     assert t.header == ["method", "accuracy vs bf16", "accuracy vs oscar"]
     rows = {row[0]: row[1:] for row in t.rows}
     assert rows["bf16"][0] == "–" and rows["oscar"][1] == "–"
     delta, p = rows["kivi"][0].split()
     assert float(delta) == pytest.approx(2 / 8 - 7 / 8, abs=1e-3) and float(p.strip("()")) < 0.05
-    from harness.compare import compare
+    from harness.report.compare import compare
 
     report = compare(runs[2], runs[1], "accuracy", 1000, seed=0)["total"]  # the CLI's test of the same pair
-    assert rows["kivi"][1] == f"{L.signed(report['delta'])} ({L.fmt(report['p_value'], 2)})"
+    assert rows["kivi"][1] == f"{T.signed(report['delta'])} ({T.fmt(report['p_value'], 2)})"
     board = L.build_board(runs, None, {})
     assert "#### Paired tests: handmade · smollm2-135m" in L.markdown(board)
     assert "Paired tests" not in L.markdown(board, short=True)  # the README's section stays short
     other = real(make_result("quarot", [1, 0, 1], model="smollm2-135m"))  # other items: no paired test
-    assert L.paired_cells(runs[0], other, ["accuracy"]) == ["–"]
+    assert T.paired_cells(runs[0], other, ["accuracy"]) == ["–"]
 
 
 def test_asr_tables_show_the_reference_nll_beside_the_wer():
@@ -339,13 +341,13 @@ def test_asr_tables_show_the_reference_nll_beside_the_wer():
         r["metrics"]["nll"] = {**r["metrics"]["wer"], "value": nll, "ci_low": nll - 0.1, "ci_high": nll + 0.1}
         r["_path"] = f"results/runs/asr/whisper-base/{method}.json"
         runs.append(r)
-    t = L.result_table(("asr", "generated", "whisper-base"), runs)
+    t = T.result_table(("asr", "generated", "whisper-base"), runs)
     assert t.header[2:4] == ["wer ↓ (95% CI)", "nll ↓ (95% CI)"]
     assert t.rows[1][3] == "1.75 [1.65, 1.85]"
-    assert L.paired_metrics(runs[0]) == ["wer", "nll"]
+    assert T.paired_metrics(runs[0]) == ["wer", "nll"]
     ppl = real(make_result("bf16", [5.0], metric="ppl", higher_is_better=False, task="ppl"))
     ppl["metrics"]["nll"] = dict(ppl["metrics"]["ppl"])
-    assert L.paired_metrics(ppl) == ["ppl"]  # perplexity is exp(NLL): one of the two
+    assert T.paired_metrics(ppl) == ["ppl"]  # perplexity is exp(NLL): one of the two
 
 
 def test_interval_cells_never_wrap_in_markdown_or_html():
@@ -361,8 +363,8 @@ def test_interval_cells_never_wrap_in_markdown_or_html():
     for table, column in ((t, "accuracy ↑ (95% CI)"), (paired, "accuracy vs bf16"), (headline, "vs bf16")):
         i = table.header.index(column)
         assert i in table.nowrap and " " in table.rows[-1][i]  # the cell holds spaces to keep
-        cell = L.md_table(table).splitlines()[-1].split(" | ")[i]
-        assert cell == table.rows[-1][i].replace(" ", L.NBSP) and " " not in cell
+        cell = T.md_table(table).splitlines()[-1].split(" | ")[i]
+        assert cell == table.rows[-1][i].replace(" ", T.NBSP) and " " not in cell
         assert f'<td class="nobreak">{html.escape(table.rows[-1][i])}</td>' in report_html.table(table, "runs")
     assert "td.nobreak{white-space:nowrap}" in report_html.STYLE
     assert "<td>oscar</td>" in report_html.table(t, "runs")  # other cells wrap as they need
@@ -439,9 +441,9 @@ def test_the_full_precision_budget_column_names_sinks_and_window():
     def method(**config):
         return {"name": "x", "config": config}
 
-    assert L.fp_tokens(method(method="bf16", dtype="model")) == "all"
-    assert L.fp_tokens(method(method="kivi", residual_length=128)) == "128"
-    assert L.fp_tokens(method(method="together-oscar", sink_tokens=64, residual_length=256)) == "64 + 256"
-    assert L.fp_tokens(method(method="together-oscar", sink_tokens=0, residual_length=128)) == "128"
-    assert L.fp_tokens(method(method="quarot", residual_length=0)) == "0"
-    assert L.fp_tokens(method(method="custom")) == "–"
+    assert T.fp_tokens(method(method="bf16", dtype="model")) == "all"
+    assert T.fp_tokens(method(method="kivi", residual_length=128)) == "128"
+    assert T.fp_tokens(method(method="together-oscar", sink_tokens=64, residual_length=256)) == "64 + 256"
+    assert T.fp_tokens(method(method="together-oscar", sink_tokens=0, residual_length=128)) == "128"
+    assert T.fp_tokens(method(method="quarot", residual_length=0)) == "0"
+    assert T.fp_tokens(method(method="custom")) == "–"

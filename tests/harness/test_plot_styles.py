@@ -3,7 +3,7 @@ measured or published, OScaR's red for OScaR alone; and they write numbers plain
 
 from __future__ import annotations
 
-from harness import report_html
+from harness.report import html as report_html
 from quant.methods import PRESETS
 
 

@@ -11,9 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import leaderboard, report_html, report_niah
 from harness import run as R
 from harness.models import tiny
+from harness.report import html as report_html
+from harness.report import leaderboard, tables
+from harness.report import niah as report_niah
 from tasks.niah import NiahTask, score
 
 LENGTH = 768
@@ -114,7 +116,7 @@ def test_the_leaderboard_draws_the_heat_map(results):
     assert f"### niah · {done[0]['model']['name']}: string_match_all by context length" in md
     for r in done:
         overall = score.aggregate(r["samples"])["metrics"]["string_match_all"]
-        assert f"| {r['method']['name']} | {leaderboard.fmt(overall)} | {leaderboard.fmt(overall)} |" in md
+        assert f"| {r['method']['name']} | {tables.fmt(overall)} | {tables.fmt(overall)} |" in md
         for s in r["samples"]:  # each item is alone in its cell: the cell shows its score and (1)
             row = score.depth_label(score.depth_bin(s["depth"]))
             cell = f"{s['scores']['string_match_all']:.4g} (1)"

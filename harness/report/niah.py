@@ -1,8 +1,8 @@
 """The needle-in-a-haystack heat maps of the leaderboard: per model and method, RULER's string_match_all in each
 (context length, needle depth) cell, every niah-* result of the pair merged, drawn as needle-in-a-haystack papers draw
-it (x: context length, y: depth, colour: score). harness.leaderboard adds the markdown tables (`markdown_sections`),
-harness.report_html the figures (`html_section`); only results of trained weights are drawn (a pipeline check's
-answers mean nothing).
+it (x: context length, y: depth, colour: score). harness.report.leaderboard adds the markdown tables
+(`markdown_sections`), harness.report.html the figures (`html_section`); only results of trained weights are drawn (a
+pipeline check's answers mean nothing).
 
 Cells are computed by the task's own scorer (tasks.niah.score.cells) from the results' records, so a cell here is the
 number the result's category holds. Where a length has several results of one method (a whole run and a --limit
@@ -60,7 +60,7 @@ def title(model: str, data: str) -> str:
 def markdown_sections(board) -> list[str]:
     """Per model: string_match_all per method and context length, then (collapsed) each method's depth x length
     table."""
-    from harness.leaderboard import Table, fmt, md_table
+    from harness.report.tables import Table, fmt, md_table
 
     parts = []
     for (model, data), methods in groups(board).items():
@@ -88,7 +88,7 @@ def markdown_sections(board) -> list[str]:
 
 
 def cell_text(cell: tuple[float, int] | None) -> str:
-    from harness.leaderboard import fmt
+    from harness.report.tables import fmt
 
     return "–" if cell is None else f"{fmt(cell[0])} ({cell[1]})"
 
@@ -108,8 +108,8 @@ def heatmap_plot(model: str, data: str, methods: dict[str, Runs]) -> str | None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from harness.leaderboard import fmt
-    from harness.report_html import png
+    from harness.report.html import png
+    from harness.report.tables import fmt
 
     grids = {m: grid(runs) for m, runs in methods.items()}
     lengths = sorted({length for ls, _, _ in grids.values() for length in ls})
@@ -146,7 +146,7 @@ def heatmap_plot(model: str, data: str, methods: dict[str, Runs]) -> str | None:
 
 def html_section(board) -> str:
     """The heat maps of every model with niah results of trained weights; empty when there are none."""
-    from harness.report_html import figure
+    from harness.report.html import figure
 
     parts = []
     for (model, data), methods in groups(board).items():

@@ -1,5 +1,5 @@
 """The leaderboard as one static HTML page: tables plus matplotlib plots embedded as PNG data URIs (no CDN, no network,
-opens from disk). Built by `make leaderboard` (harness.leaderboard builds the tables), not committed.
+opens from disk). Built by `make leaderboard` (harness.report.leaderboard builds the tables), not committed.
 
 Order: the headline table, then results of trained weights in the leaderboard's reading order (per group the table,
 quality against bits per element and against KV memory with the Pareto front, per-category bars where categories
@@ -8,7 +8,7 @@ end-to-end decode, decode attention against context, the kernel times); the pape
 then, collapsed and without plots, the pipeline checks of models without trained weights.
 
 Every chart colours a method as every other chart does (colours: one map for the measured and the published charts,
-OScaR's red for OScaR alone) and writes its numbers plain, as the tables do (plain_ticks, harness.leaderboard.fmt).
+OScaR's red for OScaR alone) and writes its numbers plain, as the tables do (plain_ticks, harness.report.tables.fmt).
 A script on load writes how many plots decoded into <body data-plots-rendered>, which the headless-browser test reads.
 """
 
@@ -100,7 +100,7 @@ def plain_ticks(ax) -> None:
     their own labels (categories) keep them."""
     from matplotlib import ticker
 
-    from harness.leaderboard import fmt
+    from harness.report.tables import fmt
 
     class PlainLog(ticker.LogFormatterSciNotation):
         def __call__(self, x, pos=None):
@@ -285,7 +285,7 @@ def memory_plot(data: dict[str, Any]) -> str | None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from harness.leaderboard import fmt
+    from harness.report.tables import fmt
 
     pairs: dict[tuple, dict[str, dict]] = {}
     for r in data.get("e2e") or []:
@@ -329,7 +329,7 @@ def memory_plot(data: dict[str, Any]) -> str | None:
 
 
 def table(t, cls: str) -> str:
-    """A harness.leaderboard.Table as HTML; rows carry data-run (their result file). The cells of its nowrap columns
+    """A harness.report.tables.Table as HTML; rows carry data-run (their result file). The cells of its nowrap columns
     (a value with its interval, a difference with its p-value) stay on one line; the table scrolls sideways where
     that makes it wider than the page."""
     e = html.escape
@@ -371,7 +371,7 @@ def page_colours(board) -> dict[str, tuple[str, str]]:
 
 
 def results_section(board) -> str:
-    from harness import report_niah  # the needle-in-a-haystack heat maps, right after the needle tests' tables
+    from harness.report import niah  # the needle-in-a-haystack heat maps, right after the needle tests' tables
 
     style = page_colours(board)
     parts = [
@@ -389,7 +389,7 @@ def results_section(board) -> str:
         )
     for i, (t, runs) in enumerate(board.results):
         if i == board.niah_at:
-            parts.append(report_niah.html_section(board))
+            parts.append(niah.html_section(board))
         parts += [
             titled(t, "runs"),
             titled(board.paired[t.title], "paired", level=4) if t.title in board.paired else "",
@@ -397,7 +397,7 @@ def results_section(board) -> str:
             figure(category_plot(runs, t.title, style), f"{t.title}: per-category scores"),
         ]
     if board.niah_at >= len(board.results):
-        parts.append(report_niah.html_section(board))
+        parts.append(niah.html_section(board))
     return "\n".join(parts + ["</section>"])
 
 
