@@ -59,7 +59,8 @@ def main(args: argparse.Namespace) -> int:
     failed = 0
     for key, members in groups.items():
         names = ", ".join(r["method"]["preset"] for _, r in members)
-        print(f"{key[0]} {key[1]} ({key[2]}): replaying the first {args.items} items of {names}", file=sys.stderr)
+        n = replayed_items(members, args.items)
+        print(f"{key[0]} {key[1]} ({key[2]}): replaying the first {n} items of {names}", file=sys.stderr)
         if not args.dry_run:
             failed += replay(members, args.items)
     return 1 if failed else 0
@@ -72,7 +73,9 @@ def why_not(result: dict[str, Any]) -> str | None:
     reasons = provenance.stale_reasons(result)
     if not reasons:
         return "current"
-    if result.get("code") is None or any("code changed since" not in reason for reason in reasons):
+    now = provenance.current_parts(result)
+    code = provenance.code_changes(result, now) if now is not None and result.get("code") is not None else []
+    if not code or reasons != code:  # something besides the code parts: a drifted preset, a task version
         return "; ".join(reasons) + " (a rerun, not a replay: oscar-eval eval ... --force)"
     if result["method"]["name"] != result["method"]["preset"]:
         return f"not a plain run of a preset ({result['method']['name']})"
@@ -106,8 +109,7 @@ def replay(members: list[tuple[Path, dict[str, Any]]], items: int, adapter: Any 
     from harness.results import utc_now
 
     model, name, data, seed, backend, batch = run_key(members[0][1])
-    # Whole batches of the original run: a row's numbers depend on the shapes of the batch it ran in
-    items = min(-(-items // batch) * batch, min(r["task"]["n_items"] for _, r in members))
+    items = replayed_items(members, items)
     with tempfile.TemporaryDirectory(prefix="oscar-verify-") as tmp:
         replayed = run.evaluate(
             model,
@@ -144,6 +146,13 @@ def replay(members: list[tuple[Path, dict[str, Any]]], items: int, adapter: Any 
         state = "current" if not reasons else "still stale: " + "; ".join(reasons)
         print(f"{path}: {len(new['samples'])} items replayed exactly; {state}", file=sys.stderr)
     return failed
+
+
+def replayed_items(members: list[tuple[Path, dict[str, Any]]], items: int) -> int:
+    """`items` rounded up to whole batches of the group's batch size (a row's numbers depend on the shapes of the
+    batch it ran in), at most the results' items."""
+    batch = run_key(members[0][1])[-1]
+    return min(-(-items // batch) * batch, min(r["task"]["n_items"] for _, r in members))
 
 
 def first_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
