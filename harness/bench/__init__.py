@@ -25,6 +25,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from harness.bench import harnesses
 from harness.bench.caches import kv_bytes, make_cache, repeat_step
 from harness.bench.timing import POINTS, SHAPES, _graph_us, _median_us, capture_graph, clean_l2_us, copy_bandwidth  # noqa: F401
 
@@ -35,10 +36,12 @@ GENERATE_CONTEXTS = "4096,32768"
 def add_arguments(p) -> None:
     p.add_argument(
         "--what",
-        choices=["kernels", "e2e", "generate", "all", "peers"],
+        choices=["kernels", "e2e", "generate", "all", "peers", "eval"],
         default="all",
-        help="peers: this project's decode against the peers' own (harness/bench/peers.py; not in all)",
+        help="peers: this project's decode against the peers' own (harness/bench/peers.py); eval: the harness "
+        "against lmms-eval's own model classes (harness/bench/harnesses.py); neither is in all",
     )
+    harnesses.add_arguments(p)
     p.add_argument(
         "--peer",
         action="append",
@@ -610,6 +613,8 @@ def environment(kernels=None) -> dict:
 def main(args) -> int:
     import torch
 
+    if args.what == "eval":  # runs on a CPU too (a tiny preset)
+        return run_harnesses(args)
     if not torch.cuda.is_available():
         print("oscar-eval bench needs a CUDA GPU (the kernels and the timings are GPU-only); none is visible")
         return 2
@@ -642,4 +647,19 @@ def main(args) -> int:
         print(f"against {args.against}:")
         print(bench_check.format_changes(changes, bench_check.parse_slowdown(args.max_slowdown)))
         return 1 if any(c["regression"] for c in changes) else 0
+    return 0
+
+
+def run_harnesses(args) -> int:
+    """--what eval: the side-by-side (harness/bench/harnesses.py) in a bench JSON of its own."""
+    import torch
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.out or f"results/bench/runs/bench-{stamp}.json")
+    cpu = {"device": "cpu", "torch": torch.__version__}
+    env = environment(bench_kernels(args)) if torch.cuda.is_available() else cpu
+    result = {"date": stamp, "environment": env, "eval": harnesses.run_eval(args)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    print(f"wrote {out}")
     return 0

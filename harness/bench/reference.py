@@ -26,8 +26,8 @@ def load(path: str | Path) -> dict[str, Any]:
         data = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise BenchFileError(f"{p}: not JSON ({e}); was the bench run cut off while writing?") from e
-    if not isinstance(data, dict) or not any(k in data for k in ("kernels", "e2e", "generate")):
-        raise BenchFileError(f"{p}: not a `make bench` result (no kernels, e2e or generate section)")
+    if not isinstance(data, dict) or not any(k in data for k in ("kernels", "e2e", "generate", "eval")):
+        raise BenchFileError(f"{p}: not a `make bench` result (no kernels, e2e, generate or eval section)")
     return data
 
 

@@ -112,7 +112,9 @@ def run_row(r: dict[str, Any], reference: dict[str, Any] | None, with_metric: bo
         "KV KiB/item": fmt(kv / 1024 if kv is not None else None, 4),
         "vs bf16": f"{ref_kv / kv:.2f}x" if kv and ref_kv else "–",
         "tok/s": fmt(s["tokens_per_s"], 3) + (" (graphs)" if (s.get("graph_decode_share") or 0) >= 0.5 else ""),
-        "items/s": fmt(s.get("items_per_s"), 3),
+        "items/s": fmt(s.get("items_per_s_steady") or s.get("items_per_s"), 3),  # one-time costs are no item's
+        "TTFT s": fmt(s.get("ttft_s_median"), 3),
+        "TPOT ms": fmt(s["tpot_s_median"] * 1000 if s.get("tpot_s_median") is not None else None, 3),
         "kernel steps": percent(s.get("kernel_step_share")),
         "peak memory": peak_memory(s),
         "device": s["device"],
@@ -153,7 +155,8 @@ def stale_note(runs: list[dict[str, Any]]) -> str:
     return "Stale, not what this code computes (`make eval ... OPTS=--force` reruns one): " + " · ".join(parts) + "."
 
 
-OPTIONAL_COLUMNS = ("items/s", "kernel steps", SAME_TOKENS, FIRST_DIVERGENCE)  # shown where a result records them
+# shown where a result records them
+OPTIONAL_COLUMNS = ("items/s", "TTFT s", "TPOT ms", "kernel steps", SAME_TOKENS, FIRST_DIVERGENCE)
 
 
 def metric_cell(m: dict[str, Any]) -> str:
