@@ -57,7 +57,9 @@ def profile_kind(model, cfg, kind: str, batch: int, ctx: int, steps: int, backen
     from torch.nn.attention import sdpa_kernel
     from torch.profiler import ProfilerActivity, profile
 
-    from harness.bench import _graph_us, _sdpa_order, make_cache, repeat_step
+    from harness.bench.caches import make_cache, repeat_step
+    from harness.bench.e2e import _sdpa_order
+    from harness.bench.timing import _graph_us
     from quant.kernels import KernelOptions
 
     cache = make_cache(kind, cfg, batch, ctx, steps + 8, KernelOptions(backend=backend))
@@ -88,7 +90,7 @@ def main() -> None:
     p.add_argument("--backend", default="cuda")
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    from harness.bench import build_model, prepare, qwen3_8b_config
+    from harness.bench.e2e import build_model, prepare, qwen3_8b_config
 
     cfg = qwen3_8b_config()
     model = build_model(cfg)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.bench import _kernel_line, summarize
+from harness.bench.kernels import _kernel_line, summarize
 
 
 def test_summary_gives_the_ceiling_the_read_floor_allows():
@@ -72,7 +72,7 @@ def test_summary_keeps_a_row_whose_cuda_decode_failed():
 
 
 def test_largest_batch_is_sized_from_the_real_contexts_bytes():
-    from harness.bench import batch_that_fits
+    from harness.bench.e2e import batch_that_fits
 
     gib = 2**30
     # 1 x 128K probes on an 80 GB H100 (79.65 GiB): the BF16 cache is 18.04 GiB a sequence, OScaR's 3.42
