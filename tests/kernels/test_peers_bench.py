@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.bench import peers
+from harness.bench import peer_code, peers
 
 
 def result(oscar_error=None):
@@ -44,7 +44,7 @@ def result(oscar_error=None):
             {
                 "name": "vllm",
                 "version": "not installed",
-                "error": f"{peers.NOT_AVAILABLE}: `import vllm` failed (ModuleNotFoundError)",
+                "error": f"{peer_code.NOT_AVAILABLE}: `import vllm` failed (ModuleNotFoundError)",
             },
         ],
         "points": [point, {"shape": "qwen3-8b", "batch": 16, "context": 32768, "error": "OOM: ..."}],
@@ -52,13 +52,13 @@ def result(oscar_error=None):
 
 
 def test_parse_peers(tmp_path):
-    assert peers.parse_peers([f"oscar={tmp_path}", "vllm"]) == {"oscar": tmp_path.resolve(), "vllm": None}
+    assert peer_code.parse_peers([f"oscar={tmp_path}", "vllm"]) == {"oscar": tmp_path.resolve(), "vllm": None}
     with pytest.raises(SystemExit, match="unknown peer 'flashinfer'"):
-        peers.parse_peers(["flashinfer=/x"])
+        peer_code.parse_peers(["flashinfer=/x"])
     with pytest.raises(SystemExit, match="needs the path of its checkout"):
-        peers.parse_peers(["kivi"])
+        peer_code.parse_peers(["kivi"])
     with pytest.raises(SystemExit, match="does not exist"):
-        peers.parse_peers([f"kivi={tmp_path / 'missing'}"])
+        peer_code.parse_peers([f"kivi={tmp_path / 'missing'}"])
 
 
 def test_section_rows_and_unavailable_peers():
@@ -90,17 +90,17 @@ def test_write_section_replaces_only_the_peers_section(tmp_path):
 
 
 def test_missing_package_is_not_available():
-    with pytest.raises(peers.PeerUnavailable, match=peers.NOT_AVAILABLE):
-        peers.probe_package("a_package_that_is_not_installed", None)
+    with pytest.raises(peer_code.PeerUnavailable, match=peer_code.NOT_AVAILABLE):
+        peer_code.probe_package("a_package_that_is_not_installed", None)
 
 
 def test_checkout_without_cutlass_is_reported(tmp_path):
     (tmp_path / "csrc/oscar").mkdir(parents=True)
     (tmp_path / "csrc/oscar/decode_api.cpp").write_text("")
-    with pytest.raises(peers.PeerUnavailable, match="git submodule update --init"):
-        peers.OfficialOScaR(tmp_path)
-    with pytest.raises(peers.PeerUnavailable, match="not a KIVI checkout"):
-        peers.Kivi(tmp_path)
+    with pytest.raises(peer_code.PeerUnavailable, match="git submodule update --init"):
+        peer_code.OfficialOScaR(tmp_path)
+    with pytest.raises(peer_code.PeerUnavailable, match="not a KIVI checkout"):
+        peer_code.Kivi(tmp_path)
 
 
 def test_an_eager_peer_is_marked_not_like_for_like():
