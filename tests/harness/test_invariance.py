@@ -171,3 +171,35 @@ def test_a_prepared_gpu_model_in_the_mode_runs_sdpa_without_cudnn():
     assert torch.backends.cuda.cudnn_sdp_enabled()
     with quant.prepare_model(adapter.generator, "kivi", KernelOptions(batch_invariant=False), traits):
         assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def hidden_in_batches(adapter, target, fillers, kernels, draws: int = 3, seed: int = 0):
+    """For `draws` seeded (batch size 2-8, position) pairs: whether `target`, placed at that position among
+    `fillers` (cycled), got its batch-1 tokens and its batch-1 logits at every step, bit for bit."""
+    rng = torch.Generator().manual_seed(seed)
+    [alone], alone_steps = generate(adapter, [target], "oscar", kernels)
+    out = []
+    for _ in range(draws):
+        size = int(torch.randint(2, 9, (1,), generator=rng))
+        where = int(torch.randint(0, size, (1,), generator=rng))
+        batch = [fillers[i % len(fillers)] for i in range(size - 1)]
+        batch.insert(where, target)
+        responses, steps = generate(adapter, batch, "oscar", kernels)
+        same = responses[where].tokens_sha1 == alone.tokens_sha1 and all(
+            torch.equal(s[where : where + 1], a) for s, a in zip(steps, alone_steps)
+        )
+        out.append((size, where, same))
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_prompt_hidden_anywhere_in_any_batch_gets_its_batch1_logits(device):
+    """As serving engines test their batch invariance: one prompt at a random place in batches of random size, its
+    logits at batch 1 against batch N bit for bit; and the negative control: without the mode some draw moves."""
+    dtype = "bfloat16" if device == "cuda" else None
+    adapter = tiny("qwen3_vl", device=device, dtype=dtype)
+    target, *fillers = prompts_for(adapter)
+    on = hidden_in_batches(adapter, target, fillers, KernelOptions(batch_invariant=True))
+    assert all(same for *_, same in on), f"(size, position, same) with the mode on: {on}"
+    off = hidden_in_batches(adapter, target, fillers, KernelOptions(batch_invariant=False))
+    assert not all(same for *_, same in off), f"the control cannot fail: mode off kept every row alone: {off}"
