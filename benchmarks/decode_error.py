@@ -9,7 +9,7 @@ the budget is the error of a float32 torch reference rounded to the output dtype
 is error <= 2 x budget (FlashAttention's). "single" rows force every row into one split (one CTA reads the whole
 row: the longest running sums). Time: median microseconds of a CUDA-graph replay after do_bench's L2 flush (dirty)
 and after a read-only flush (clean), as `oscar-eval bench` times its points. Each build is its own extension
-(OSCAR_KERNEL_FLAGS, quant/kernels/cuda.py), loaded into this one process, so the builds meet the same inputs,
+(OSCAR_KERNEL_FLAGS, quant/kernels/cuda/loader.py), loaded into this one process, so the builds meet the same inputs,
 GPU and clocks.
 """
 

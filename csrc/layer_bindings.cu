@@ -1,6 +1,6 @@
 // Thin torch bindings for the decode-time layer kernels: the linear layers (include/oscar_gemv.cuh), RMSNorm
 // (include/oscar_rmsnorm.cuh) and RoPE (include/oscar_rope.cuh). Each checks its tensors, fills the parameter struct
-// and launches. Built once per target arch by quant/kernels/cuda.py (`load_layers`).
+// and launches. Built once per target arch by quant/kernels/cuda/loader.py (`load_layers`).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>

@@ -1,5 +1,5 @@
 // Thin torch bindings for the OScaR kernels: check tensors, fill the raw parameter structs, launch.
-// Compiled once per head dim (OSCAR_HEAD_DIM) by quant/kernels/cuda.py through torch.utils.cpp_extension.
+// Compiled once per head dim (OSCAR_HEAD_DIM) by quant/kernels/cuda/loader.py through torch.utils.cpp_extension.
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>

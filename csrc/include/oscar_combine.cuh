@@ -185,7 +185,7 @@ __device__ __forceinline__ int atomic_add_acq_rel(int32_t* p, int32_t v) {
 // window_cta; gridDim.x - 1 without it: the last split, carrying the folded window). The block scheduler starts CTAs in
 // linear order (blockIdx.y * gridDim.x + blockIdx.x), so p.order decides which work starts first: order 1 starts
 // every row's special CTA first (the longest when the window is folded; measured slower), order 2 last (the
-// window's own CTAs of a several-wave plan, short, filling the last wave's gaps: quant/kernels/cuda.py cta_order).
+// window's own CTAs of a several-wave plan, short, filling the last wave's gaps: quant/kernels/cuda/plan.py cta_order).
 struct CtaWork {
   int64_t row;
   int x;
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NT>::value) decode_row_ker
 }
 
 #ifndef OSCAR_ROW_KERNEL_TOKENS
-#define OSCAR_ROW_KERNEL_TOKENS 24576  // quant/kernels/cuda.py ROW_KERNEL_TOKENS passes its value
+#define OSCAR_ROW_KERNEL_TOKENS 24576  // quant/kernels/cuda/loader.py ROW_KERNEL_TOKENS passes its value
 #endif
 
 // Rows of one CTA up to OSCAR_ROW_KERNEL_TOKENS packed tokens go to decode_row_kernel. Its group loop compiles to ~5%

@@ -8,14 +8,14 @@
 namespace oscar {
 
 #ifndef OSCAR_WARPS
-#define OSCAR_WARPS 4  // warps of a decode CTA: 4, or 8-12 with OSCAR_MIN_BLOCKS 1 (quant/kernels/cuda.py NARROW / WIDE)
+#define OSCAR_WARPS 4  // warps of a decode CTA: 4, or 8-12 with OSCAR_MIN_BLOCKS 1 (quant/kernels/cuda/plan.py NARROW / WIDE)
 #endif
 constexpr int kWarps = OSCAR_WARPS;
 constexpr int kThreads = kWarps * 32;
 constexpr int kGroup = 32;        // tokens per key scale group = channels per value group
 constexpr int kMaxSplits = 1024;  // split-KV partials per (b, kv head), residual split included
 #ifndef OSCAR_STAGES
-#define OSCAR_STAGES 4  // an experiment's build flag (OSCAR_KERNEL_FLAGS, quant/kernels/cuda.py)
+#define OSCAR_STAGES 4  // an experiment's build flag (OSCAR_KERNEL_FLAGS, quant/kernels/cuda/loader.py)
 #endif
 #ifndef OSCAR_WARM_MERGE
 #define OSCAR_WARM_MERGE 1  // row 0's window CTA runs the merge's code early (decode_split_kernel; 0 for A/B)

@@ -5,7 +5,7 @@
 // float32, so float32 math with one rounding per op gives transformers' bits).
 //
 // A thread item is 4 channels d..d+3 of one head together with their partners d + D/2 (8-byte loads: D % 8 == 0,
-// strides % 4 == 0, 8-byte aligned bases; the binding checks, and quant/kernels/cuda.py sends anything else to the
+// strides % 4 == 0, 8-byte aligned bases; the binding checks, and quant/kernels/cuda/layers.py sends anything else to the
 // Triton kernel). Grid (B * L, CTAs of 128 items): each thread does one item, so its loads are one round trip (a
 // decode step of 32 + 8 heads of 128 is 640 items in 5 CTAs; one CTA looping over them is slower: docs/PERFORMANCE.md,
 // "Design choices in the kernel code").

@@ -103,7 +103,7 @@ def test_sources_compile_for_sm90a(tmp_path):
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: install the CUDA toolkit to compile csrc/")
 @pytest.mark.parametrize("build", ["WIDE", "WIDE_LONG"])
 def test_wide_decode_compiles_without_spills(tmp_path, build):
-    # The wide builds (one CTA an SM: quant/kernels/cuda.py) of the decode kernels, both head dims and both window
+    # The wide builds (one CTA an SM: quant/kernels/cuda/plan.py) of the decode kernels, both head dims and both window
     # dtypes, hold them without local memory: WIDE's 8 warps (255 registers a thread) the two-tile kernels too,
     # WIDE_LONG's 12 (168) the one-tile kernels, its only ones.
     min_blocks, warps = getattr(kcuda, build)
@@ -145,13 +145,14 @@ def binding_calls(path: Path) -> list[tuple[int, str, str, int]]:
     `load(...).pack(...)`, `cuda.load_layers().gemv(...)`, or `mod.read_floor(...)` after `mod = cuda.load(...)`."""
     tree = ast.parse(path.read_text())
     modules, loaders = set(), {}  # names of quant.kernels.cuda, and of its loaders, in this file
-    if path.resolve() == Path(kcuda.__file__).resolve():
+    if path.resolve() == Path(kcuda.loader.__file__).resolve():
         loaders = {name: name for name in BINDING_SOURCES}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module == "quant.kernels":
             modules |= {a.asname or a.name for a in node.names if a.name == "cuda"}
-        elif isinstance(node, ast.ImportFrom) and node.module == "quant.kernels.cuda":
+        elif isinstance(node, ast.ImportFrom) and node.module in ("quant.kernels.cuda", "quant.kernels.cuda.loader"):
             loaders |= {a.asname or a.name: a.name for a in node.names if a.name in BINDING_SOURCES}
+            modules |= {a.asname or a.name for a in node.names if a.name == "loader"}
         elif isinstance(node, ast.Import):
             modules |= {a.asname for a in node.names if a.name == "quant.kernels.cuda" and a.asname}
 
@@ -201,7 +202,7 @@ def test_binding_calls_match_their_signatures():
     assert arities["load"]["pack"] == 6 and arities["load"]["decode"] == 23 and arities["load_layers"]["gemv"] == 5
     repo = Path(__file__).resolve().parents[2]
     files = [
-        *(repo / "quant" / "kernels").glob("*.py"),
+        *(repo / "quant" / "kernels").rglob("*.py"),
         *(repo / "harness" / "bench").rglob("*.py"),
         *(repo / "tests" / "kernels").glob("*.py"),
     ]
@@ -218,8 +219,9 @@ def test_binding_calls_match_their_signatures():
     assert not wrong, "\n".join(wrong)
     # the scan sees the calls it is meant to (a scan that finds none would pass anything)
     assert {
-        ("quant/kernels/cuda.py", "decode"),
-        ("quant/kernels/cuda.py", "pack"),
+        ("quant/kernels/cuda/decode.py", "decode"),
+        ("quant/kernels/cuda/pack.py", "pack"),
+        ("quant/kernels/cuda/layers.py", "rms_norm"),
         ("quant/kernels/fused_linear.py", "gemv"),
         ("harness/bench/floor.py", "read_floor"),
         ("tests/kernels/test_csrc.py", "pack"),
@@ -426,7 +428,7 @@ def test_batch_one_decode_takes_the_wide_build(monkeypatch):
 def test_binding_checks_raise_with_their_numbers():
     # A failing check whose message streamed an integer segfaulted in these extensions on the device image;
     # numbers and shapes now enter messages through std::to_string (csrc/include/oscar_msg.h). Each binding takes
-    # every argument of its signature, positionally, as quant/kernels/cuda.py passes them
+    # every argument of its signature, positionally, as quant/kernels/cuda/decode.py passes them
     # (test_binding_calls_match_their_signatures holds these calls to csrc's signatures, on any machine).
     mod = kcuda.load(128)
     k = torch.randn(1, 2, 48, 128, device="cuda", dtype=torch.bfloat16)

@@ -154,7 +154,7 @@ def test_patched_models_take_the_chosen_kernels(monkeypatch, backend):
                 calls["cuda"] += 1
             return getattr(self.mod, name)
 
-    monkeypatch.setattr(kcuda, "load_layers", lambda: Counting(real_load()))
+    monkeypatch.setattr(kcuda.loader, "load_layers", lambda: Counting(real_load()))  # where rms_norm looks
     cfg = Qwen3Config(
         vocab_size=128,
         hidden_size=256,

@@ -120,13 +120,13 @@ def test_fuse_linears_leaves_hooked_and_other_modules_alone():
 
 
 def test_a_failed_build_falls_back_with_one_warning(monkeypatch):
-    import quant.kernels.cuda as kcuda
+    from quant.kernels.cuda import loader
 
     def broken():
         raise RuntimeError("nvcc not found")
 
-    monkeypatch.setattr(kcuda, "load_layers", broken)
-    monkeypatch.setattr(kcuda, "_LAYERS_FAILED", [])
+    monkeypatch.setattr(loader, "load_layers", broken)
+    monkeypatch.setattr(loader, "_LAYERS_FAILED", [])
     with pytest.warns(UserWarning, match="did not build.*fused_linear=off"):
         assert fused_linear._kernel_ready() is False
     assert fused_linear._kernel_ready() is False  # remembered, no second warning or build
