@@ -22,13 +22,14 @@ from __future__ import annotations
 import functools
 import gc
 import importlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from tasks.common import COMPLETE_MARKER, cache_root, ensure_built
 
 
 @dataclass(frozen=True)
@@ -69,24 +70,23 @@ def add_arguments(p) -> None:
     p.add_argument("--eval-seed", type=int, default=0)
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("OSCAR_EVAL_CACHE") or Path.home() / ".cache" / "oscar-eval")
-
-
 def save_checkpoint(model: str, folder: Path, device: str, seed: int = 0) -> Path:
     """The model's seeded random weights (its tiny preset's for a tiny model) and processor saved under `folder`, as
-    a checkpoint transformers' from_pretrained and lmms-eval's classes load. A folder that holds one is reused."""
+    a checkpoint transformers' from_pretrained and lmms-eval's classes load. A folder that holds one is reused; a new
+    one is written whole or not at all (tasks.common.ensure_built)."""
     from harness import models as M
 
     if (folder / "config.json").is_file():
         return folder
-    print(f"saving {model}'s random weights (seed {seed}) to {folder}", flush=True)
-    adapter = M.load(model, weights="random", device=device, seed=seed)
-    tmp = folder.with_name(folder.name + ".partial")
-    adapter.model.save_pretrained(tmp)
-    adapter.processor.save_pretrained(tmp)
-    tmp.rename(folder)  # whole or absent: a cut save leaves only the .partial folder
-    del adapter
+
+    def build(tmp: Path) -> None:
+        print(f"saving {model}'s random weights (seed {seed}) to {folder}", flush=True)
+        adapter = M.load(model, weights="random", device=device, seed=seed)
+        adapter.model.save_pretrained(tmp)
+        adapter.processor.save_pretrained(tmp)
+        (tmp / COMPLETE_MARKER).touch()
+
+    ensure_built(folder.name, build, root=folder.parent)
     _release()
     return folder
 
@@ -251,8 +251,7 @@ def run_eval(args) -> dict[str, Any]:
             f"pick a model of {sorted(NATIVE)}"
         )
     device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
-    folder = Path(args.eval_checkpoint or cache_dir() / "checkpoints" / f"{model}-seed{args.eval_seed}")
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(args.eval_checkpoint or cache_root() / "checkpoints" / f"{model}-seed{args.eval_seed}")
     save_checkpoint(model, folder, device, args.eval_seed)
     reqs, docs, requests = instances(model, args.eval_task, args.eval_data, args.eval_limit, args.eval_max_new_tokens)
     new_tokens = args.eval_max_new_tokens or requests[0].max_new_tokens
