@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 
@@ -88,53 +89,23 @@ def time_plan(
     import triton.testing
 
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
-    slots, rows = num_sms(q.device) * min_blocks, x.batch * x.kv_heads
-    if splits is None:  # the planner's
-        split_tokens, splits, window = cuda.decode_plan(
-            x.tokens, rows, num_sms(q.device), min_blocks, x.residual, window
-        )
-    else:
-        window = cuda.separate_window(rows, slots) if window is None else window
+    rows, sms = x.batch * x.kv_heads, num_sms(q.device)
+    split_tokens = None  # the planner's
+    if splits is not None:
+        window = cuda.separate_window(rows, sms * min_blocks) if window is None else window
         if balance:  # this many splits, sized as the planner does (a folded window weighed in)
-            split_tokens, splits = cuda.plan_splits(
-                x.tokens, rows, slots, block=32, want=splits, window=0 if window else x.residual
+            split_tokens, _ = cuda.plan_splits(
+                x.tokens, rows, sms * min_blocks, block=32, want=splits, window=0 if window else x.residual
             )
         else:  # equal splits
             split_tokens = max(32, -(-x.tokens // (splits * 32)) * 32)
-            splits = -(-x.tokens // split_tokens)
-    mod = cuda.load(x.head_dim, min_blocks=min_blocks, warps=warps)
-    if order is None:
-        order = cuda.cta_order(rows, splits, window, slots, num_sms(q.device))
-    if merge_group is None:
-        merge_group = cuda.merge_plan(splits, x.group * x.lq, x.head_dim, window, 32 * warps)
-    counters = cuda._counters(q.device, rows * (1 + (-(-splits // merge_group) if merge_group and window else 0)))
+    plan = cuda.make_plan(
+        x.tokens, rows, sms, x.group * x.lq, x.residual, x.head_dim, min_blocks, warps,
+        window_cta=window, split_tokens=split_tokens, order=order, merge_group=merge_group,
+    )  # fmt: skip
 
     def fn():
-        return mod.decode(
-            x.q,
-            x.kc,
-            x.ks,
-            x.kz,
-            x.vc,
-            x.vs,
-            x.vz,
-            x.norms,
-            x.k_res,
-            x.v_res,
-            x.kv_lens,
-            x.res_lens,
-            counters,
-            x.tokens,
-            splits,
-            split_tokens,
-            q.shape[-1] ** -0.5,
-            True,
-            kv.rotate_out,
-            window,
-            order,
-            merge_group,
-            cuda._NO_TRACE[q.device],
-        )
+        return cuda.launch(x, plan, q.shape[-1] ** -0.5, True, kv.rotate_out)
 
     one, many = capture_graph(fn, 1), capture_graph(fn, 20)
     flushed = 1e3 * triton.testing.do_bench(one.replay, warmup=25, rep=200, return_mode="median")
@@ -148,16 +119,9 @@ def time_plan(
     end.record()
     torch.cuda.synchronize()
     warm = 1e3 * start.elapsed_time(end) / 200
-    ctas = (splits + 1 if window else max(splits, 1)) * rows
     return {
-        "min_blocks": min_blocks,
-        "warps": warps,
-        "splits": splits,
-        "split_tokens": split_tokens,
-        "window_cta": window,
-        "order": order,
-        "merge_group": merge_group,
-        "ctas": ctas,
+        **{k: v for k, v in dataclasses.asdict(plan).items() if k not in ("tokens", "rows")},
+        "ctas": plan.ctas,
         "flushed_us": flushed,
         "clean_us": clean,
         "warm_us": warm,
@@ -177,35 +141,26 @@ def trace_plan(
     launch follows a read-only L2 flush (as `clean_l2_us` times it: data and kernel code out of L2), else two
     launches of the same decode (a warm L2)."""
     x = prepare_decode(q, kv, rotate_query=False, order="frag")
-    rows = x.batch * x.kv_heads
-    _, splits, window = cuda.decode_plan(x.tokens, rows, num_sms(q.device), min_blocks, x.residual)
-    if order is None:
-        order = cuda.cta_order(rows, splits, window, num_sms(q.device) * min_blocks, num_sms(q.device))
-    ctas = (splits + 1 if window else max(splits, 1)) * rows
+    plan = cuda.make_plan(
+        x.tokens, x.batch * x.kv_heads, num_sms(q.device), x.group * x.lq, x.residual, x.head_dim, min_blocks, warps,
+        order=order, merge_group=merge_group,
+    )  # fmt: skip
     # the binding asks for (splits + 1) rows of stamps per (b, kv head) whatever the window's placement
-    trace = torch.zeros((splits + 1) * rows * 8, dtype=torch.int64, device=q.device)
+    trace = torch.zeros((plan.splits + 1) * plan.rows * 8, dtype=torch.int64, device=q.device)
     buf = torch.ones(2**26, dtype=torch.float32, device=q.device) if flush else None
     for i in range(3):  # warm, then the traced launch is the last
         trace.zero_()
         if buf is not None and i == 2:
             buf.sum()
-        cuda.decode_attention(
-            q,
-            kv,
-            q.shape[-1] ** -0.5,
-            trace=trace,
-            min_blocks=min_blocks,
-            order=order,
-            merge_group=merge_group,
-            warps=warps,
-        )
+        cuda.decode_attention(q, kv, q.shape[-1] ** -0.5, trace=trace, plan=plan)
     torch.cuda.synchronize()
+    ctas = plan.ctas
     stamps = trace[: ctas * 8].view(ctas, 8).cpu()
     return {
         "ctas": ctas,
-        "splits": splits,
-        "window_cta": window,
-        "order": order,
+        "splits": plan.splits,
+        "window_cta": plan.window_cta,
+        "order": plan.order,
         **summarize_trace(stamps),
         "stamps": stamps.tolist() if ctas <= 512 else None,
     }

@@ -26,14 +26,32 @@ void check_cuda(cudaError_t e, const char* what) {
   TORCH_CHECK(e == cudaSuccess, what, " failed: ", cudaGetErrorString(e));
 }
 
-// q [B, Hq, Lq, D] in the residual dtype (fp16/bf16); packed tensors as quant.packed; returns out like q.
-torch::Tensor decode(torch::Tensor q, torch::Tensor kc, torch::Tensor ks, torch::Tensor kz, torch::Tensor vc,
-                     torch::Tensor vs, torch::Tensor vz, torch::Tensor norms, torch::Tensor k_res,
-                     torch::Tensor v_res, torch::Tensor kv_lens, torch::Tensor res_lens, torch::Tensor counters,
-                     int64_t tokens,
-                     int64_t num_splits, int64_t split_tokens, double scaling, bool rotate, bool rotate_out, bool window_cta,
-                     int64_t order, int64_t merge_group,
-                     torch::Tensor trace) {
+// A field of a Python value read by name (the decode's inputs and plan), with the field named if it is missing.
+template <typename T>
+T field(py::handle obj, const char* owner, const char* name) {
+  TORCH_CHECK(py::hasattr(obj, name), owner, " has no field '", name, "'");
+  return obj.attr(name).cast<T>();
+}
+
+// x: quant.kernels.common.DecodeInputs (q [B, Hq, Lq, D] in the residual dtype, fp16/bf16; packed tensors as
+// quant.packed); plan: quant.kernels.common.DecodePlan made for x's shape (quant/kernels/cuda/plan.py make_plan).
+// Both are read by field name, so the launch's parameters are spelled once, in DecodeParams below. Returns out like q.
+torch::Tensor decode(py::handle x, py::handle plan, torch::Tensor counters, torch::Tensor trace, double scaling,
+                     bool rotate, bool rotate_out) {
+  const char* in = "the decode inputs (DecodeInputs)";
+  const char* pl = "the decode plan (DecodePlan)";
+  const auto q = field<torch::Tensor>(x, in, "q"), kc = field<torch::Tensor>(x, in, "kc");
+  const auto ks = field<torch::Tensor>(x, in, "ks"), kz = field<torch::Tensor>(x, in, "kz");
+  const auto vc = field<torch::Tensor>(x, in, "vc"), vs = field<torch::Tensor>(x, in, "vs");
+  const auto vz = field<torch::Tensor>(x, in, "vz"), norms = field<torch::Tensor>(x, in, "norms");
+  const auto k_res = field<torch::Tensor>(x, in, "k_res"), v_res = field<torch::Tensor>(x, in, "v_res");
+  const auto kv_lens = field<torch::Tensor>(x, in, "kv_lens"), res_lens = field<torch::Tensor>(x, in, "res_lens");
+  const int64_t tokens = field<int64_t>(x, in, "tokens");
+  const int64_t num_splits = field<int64_t>(plan, pl, "splits"), split_tokens = field<int64_t>(plan, pl, "split_tokens");
+  const int64_t order = field<int64_t>(plan, pl, "order"), merge_group = field<int64_t>(plan, pl, "merge_group");
+  const bool window_cta = field<bool>(plan, pl, "window_cta");
+  TORCH_CHECK(field<int64_t>(plan, pl, "tokens") == tokens, "the plan was made for ",
+              oscar::num(field<int64_t>(plan, pl, "tokens")), " tokens, the inputs hold ", oscar::num(tokens));
   TORCH_CHECK(q.dim() == 4 && q.size(3) == D, "q must be [B, Hq, Lq, ", oscar::num(D), "]");
   const auto dt = q.scalar_type();
   TORCH_CHECK(dt == torch::kHalf || dt == torch::kBFloat16, "q must be fp16 or bf16");
@@ -148,7 +166,9 @@ void empty_launch(torch::Tensor sink, int64_t ctas, int64_t threads, int64_t sme
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode", &decode, "OScaR split-KV decode attention over the packed INT2 cache (frag code order)");
+  m.def("decode", &decode, "OScaR split-KV decode attention over the packed INT2 cache (frag code order)", py::arg("x"),
+        py::arg("plan"), py::arg("counters"), py::arg("trace"), py::arg("scaling"), py::arg("rotate"),
+        py::arg("rotate_out"));
   m.def("pack", &pack, "OScaR rotate + token norm + INT2 quantize + pack of a block of K, V");
   m.def("read_floor", &read_floor, "stream a buffer once (the decode's byte floor, harness/bench/floor.py)");
   m.def("empty_launch", &empty_launch, "launch empty CTAs (the decode's launch floor)");

@@ -103,11 +103,16 @@ def kernel_point(
     row["pack_block128_us"] = _median_us(lambda: pack_kv(blk_k, blk_v, backend="cuda", rotate_values=False))
     if "cuda" in backends:  # what any kernel pays to stream these bytes and launch this grid (floor.py)
         from harness.bench.floor import floor_point
-        from quant.kernels.cuda import launch_plan
+        from quant.kernels.cuda import launch_plan, row_kernel
 
-        plan = row["cuda_plan"] = launch_plan(q, kv, wide=wide)
+        plan = launch_plan(q, kv, wide=wide)
+        row["cuda_plan"] = {
+            **{k: v for k, v in dataclasses.asdict(plan).items() if k not in ("tokens", "rows")},
+            "ctas": plan.ctas,
+            "kernel": "row" if row_kernel(plan.tokens, plan.splits, plan.window_cta, kv.rotate_out) else "split",
+        }
         try:
-            row.update(floor_point(row["oscar_bytes"], plan["ctas"], build=(plan["min_blocks"], plan["warps"])))
+            row.update(floor_point(row["oscar_bytes"], plan.ctas, build=(plan.min_blocks, plan.warps)))
         except Exception as e:  # noqa: BLE001  (a floor that cannot run leaves the point without a ceiling)
             row["floor_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     # Each backend reads the codes in its own order, as the packed cache keeps them for it (the CUDA "frag" order,

@@ -186,6 +186,36 @@ def prepare_decode(
     )
 
 
+@dataclass(frozen=True)
+class DecodePlan:
+    """One decode launch's plan for `rows` (batch x KV heads) of `tokens` packed tokens: the split-KV plan (splits of
+    split_tokens tokens), where the full-precision window goes (its own CTA, else folded into the last split's), which
+    CTAs start first (order: quant.kernels.cuda.plan's ORDER_*), how the partials merge (merge_group 0: one level, G:
+    groups of G splits first) and the build that runs it (min_blocks CTAs an SM of `warps` warps). A step plans once
+    for all its layers (they share the lengths). The CUDA binding reads it by field name (csrc/oscar_bindings.cu);
+    the Triton launch reads the splits (its window always has its own program)."""
+
+    tokens: int
+    rows: int
+    splits: int
+    split_tokens: int
+    window_cta: bool = True
+    order: int = 0
+    merge_group: int = 0
+    min_blocks: int = 1
+    warps: int = 4
+
+    @property
+    def merge_groups(self) -> int:
+        """Second-level merge groups a row (0: one level)."""
+        return -(-self.splits // self.merge_group) if self.merge_group and self.window_cta else 0
+
+    @property
+    def ctas(self) -> int:
+        """CTAs (programs) of the launch's grid: each row's splits, plus its window's own; one a row without splits."""
+        return (self.splits + self.window_cta if self.splits else 1) * self.rows
+
+
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -199,7 +200,7 @@ def test_binding_calls_match_their_signatures():
     # a GPU to fail. Every call in quant/kernels, harness/bench and tests/kernels is held here to csrc's signatures
     # (pybind11 takes these positionally, and all of them).
     arities = {kind: binding_arities(source) for kind, source in BINDING_SOURCES.items()}
-    assert arities["load"]["pack"] == 6 and arities["load"]["decode"] == 23 and arities["load_layers"]["gemv"] == 5
+    assert arities["load"]["pack"] == 6 and arities["load"]["decode"] == 7 and arities["load_layers"]["gemv"] == 5
     repo = Path(__file__).resolve().parents[2]
     files = [
         *(repo / "quant" / "kernels").rglob("*.py"),
@@ -228,6 +229,29 @@ def test_binding_calls_match_their_signatures():
         ("tests/kernels/test_csrc.py", "decode"),
         ("tests/kernels/test_csrc.py", "rms_norm"),
     } <= found, found
+
+
+def test_make_plan_is_the_planners_launch_with_overrides():
+    # One DecodePlan per step shape: plan_launch's build and splits, cta_order's order, merge_plan's merge; the
+    # batch-invariant plan depends on no other row; a bad order or merge group is refused by name.
+    plan = kcuda.make_plan(130944, 32, 132, 4, 64, 128)  # LLaVA 1 x 128K
+    assert (plan.min_blocks, plan.warps, plan.split_tokens, plan.splits, plan.window_cta) == kcuda.plan_launch(
+        130944, 32, 132, 4, 64
+    )
+    assert plan.order == kcuda.cta_order(32, plan.splits, plan.window_cta, 132 * plan.min_blocks, 132)
+    assert plan.ctas == 32 * plan.splits and plan.merge_groups == 0
+    thinker = kcuda.make_plan(130944, 4, 132, 8, 64, 128, wide=False)  # NARROW: 64 splits, two merge levels
+    assert (thinker.splits, thinker.window_cta, thinker.merge_group, thinker.merge_groups) == (64, True, 8, 8)
+    for rows in (8, 64):  # batch 1 and 8 of 8 KV heads: the same split size, the window's own CTA, one merge level
+        inv = kcuda.make_plan(4096, rows, 132, 4, 64, 128, invariant=True)
+        assert (inv.min_blocks, inv.warps) == kcuda.NARROW and inv.split_tokens == 1024 and inv.splits == 4
+        assert inv.window_cta and inv.order == kcuda.ORDER_ROWS and inv.merge_group == 0
+    with pytest.raises(ValueError, match="order must be 0"):
+        kcuda.make_plan(4096, 8, 132, 4, 64, 128, order=7)
+    with pytest.raises(ValueError, match="merge_group must be >= 0"):
+        kcuda.make_plan(4096, 8, 132, 4, 64, 128, merge_group=-1)
+    with pytest.raises(ValueError, match="12-warp decode build holds up to 8 query rows"):
+        kcuda.make_plan(4096, 8, 132, 16, 64, 128, min_blocks=1, warps=12)
 
 
 def test_row_kernel_rule():
@@ -417,7 +441,7 @@ def test_batch_one_decode_takes_the_wide_build(monkeypatch):
     # agrees with the narrow build's within the oracle's budget (both builds loaded in one process).
     kv = random_packed_kv(1, 4, 4096, 64, 128, seed=5, device="cuda", rotate_values=False)
     q = torch.randn(1, 32, 1, 128, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).cuda()
-    assert kcuda.launch_plan(q, kv)["warps"] == 8 and kcuda.launch_plan(q, kv, min_blocks=3)["warps"] == 4
+    assert kcuda.launch_plan(q, kv).warps == 8 and kcuda.launch_plan(q, kv, min_blocks=3).warps == 4
     ref = attention_f64(q.cpu(), kv, 128**-0.5)
     budget = relative_error(attention_bf16(q.cpu(), kv, 128**-0.5), ref)
     wide, narrow = kcuda.decode_attention(q, kv, 128**-0.5), kcuda.decode_attention(q, kv, 128**-0.5, min_blocks=3)
@@ -428,39 +452,21 @@ def test_batch_one_decode_takes_the_wide_build(monkeypatch):
 def test_binding_checks_raise_with_their_numbers():
     # A failing check whose message streamed an integer segfaulted in these extensions on the device image;
     # numbers and shapes now enter messages through std::to_string (csrc/include/oscar_msg.h). Each binding takes
-    # every argument of its signature, positionally, as quant/kernels/cuda/decode.py passes them
-    # (test_binding_calls_match_their_signatures holds these calls to csrc's signatures, on any machine).
+    # every argument of its signature, positionally, as quant/kernels/cuda passes them
+    # (test_binding_calls_match_their_signatures holds these calls to csrc's signatures, on any machine); the decode
+    # reads its inputs and plan by field name and names a missing one.
     mod = kcuda.load(128)
     k = torch.randn(1, 2, 48, 128, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="multiple of 32 tokens, got 48"):
         mod.pack(k, k, True, True, False, False)  # k, v, rotate, token_norm, rotate_values, integer_zero
     q, none = torch.randn(1, 8, 1, 64, device="cuda", dtype=torch.bfloat16), torch.empty(0, device="cuda")
+    names = ("kc", "ks", "kz", "vc", "vs", "vz", "norms", "k_res", "v_res", "kv_lens", "res_lens")
+    x = types.SimpleNamespace(q=q, tokens=0, **dict.fromkeys(names, none))
+    plan = kcuda.DecodePlan(tokens=0, rows=2, splits=0, split_tokens=32)
     with pytest.raises(RuntimeError, match=r"q must be \[B, Hq, Lq, 128\]"):  # its first check, on q's head dim
-        mod.decode(
-            q,
-            none,
-            none,
-            none,
-            none,
-            none,
-            none,
-            none,  # kc, ks, kz, vc, vs, vz, norms
-            none,
-            none,
-            none,
-            none,
-            none,  # k_res, v_res, kv_lens, res_lens, counters
-            0,
-            0,
-            32,
-            0.125,  # tokens, num_splits, split_tokens, scaling
-            True,
-            False,
-            False,  # rotate, rotate_out, window_cta
-            0,
-            0,
-            none,
-        )  # order, merge_group, trace
+        mod.decode(x, plan, none, none, 0.125, True, False)  # x, plan, counters, trace, scaling, rotate, rotate_out
+    with pytest.raises(RuntimeError, match="the decode plan \\(DecodePlan\\) has no field 'splits'"):
+        mod.decode(x, types.SimpleNamespace(tokens=0), none, none, 0.125, True, False)
     layers = kcuda.load_layers()
     x = torch.randn(2, 12, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="got n 12"):
@@ -478,14 +484,12 @@ def test_several_wave_plan_with_window_ctas_last_matches_oracle():
     kv = random_packed_kv(64, 8, 320, 90, 64, seed=4, device="cuda", rotate_values=False)
     q = torch.randn(64, 32, 1, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).cuda()
     plan = kcuda.launch_plan(q, kv)
-    assert plan["window_cta"] and plan["order"] == kcuda.ORDER_SPECIAL_LAST
-    assert plan["ctas"] == 512 * (plan["splits"] + 1)
+    assert plan.window_cta and plan.order == kcuda.ORDER_SPECIAL_LAST
+    assert plan.ctas == 512 * (plan.splits + 1)
     out = kcuda.decode_attention(q, kv, 0.125)
     assert torch.equal(
         out,
-        kcuda.decode_attention(
-            q, kv, 0.125, window_cta=True, order=kcuda.ORDER_ROWS, split_tokens=plan["split_tokens"]
-        ),
+        kcuda.decode_attention(q, kv, 0.125, window_cta=True, order=kcuda.ORDER_ROWS, split_tokens=plan.split_tokens),
     )
     ref = attention_f64(q.cpu(), kv, 0.125)
     assert relative_error(out, ref) <= 2 * relative_error(attention_bf16(q.cpu(), kv, 0.125), ref)
@@ -501,7 +505,7 @@ def test_paired_split_plan_matches_oracle():
     plan = kcuda.launch_plan(q, kv)
     if not 128 <= sms < 256:
         pytest.skip(f"128 rows pair up on 128-255 SMs; this GPU has {sms}")
-    assert plan["splits"] == 2 and plan["order"] == kcuda.ORDER_SPECIAL_LAST and plan["split_tokens"] > 1024
+    assert plan.splits == 2 and plan.order == kcuda.ORDER_SPECIAL_LAST and plan.split_tokens > 1024
     out = kcuda.decode_attention(q, kv, 0.125)
     ref = attention_f64(q.cpu(), kv, 0.125)
     equal = kcuda.decode_attention(q, kv, 0.125, split_tokens=1024, window_cta=False, order=kcuda.ORDER_ROWS)

@@ -92,7 +92,7 @@ def test_cuda_decode_planned_splits_long_rows():
         kv, g = issue_cache(b, hkv, t, 128, seed=b * t)
         q = torch.randn(b, group * hkv, 1, 128, device="cuda", generator=g).to(torch.bfloat16)
         if group == 1 and num_sms(q.device) == 132:
-            assert kcuda.launch_plan(q, kv)["warps"] == kcuda.WIDE_LONG[1]
+            assert kcuda.launch_plan(q, kv).warps == kcuda.WIDE_LONG[1]
         check_rule(kcuda.decode_attention(q, kv, 128**-0.5), q, kv, 128**-0.5, f"{b} x {t} planned")
 
 

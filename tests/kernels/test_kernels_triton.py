@@ -126,6 +126,22 @@ def test_decode_matches_quant_attention_reference():
     assert relative_error(out, packed_attention_reference(q, kv, 0.125).double()) < 1e-2
 
 
+def test_decode_takes_a_plan():
+    # A DecodePlan (quant.kernels.common) made once for a step's shape gives what the same split_tokens gives; one made
+    # for another shape is refused with both shapes named.
+    from quant.kernels.common import DecodePlan
+
+    kv = make_cache(2, 2, 256, 21, 64, seed=23)
+    q = torch.randn(2, 8, 1, 64, generator=torch.Generator().manual_seed(24)).to(torch.bfloat16).to(DEV)
+    plan = DecodePlan(tokens=256, rows=4, splits=2, split_tokens=128)
+    assert torch.equal(
+        triton_decode.decode_attention(q, kv, 0.125, plan=plan),
+        triton_decode.decode_attention(q, kv, 0.125, split_tokens=128),
+    )
+    with pytest.raises(ValueError, match="made for 8 rows of 256 tokens, the inputs hold 4 of 256"):
+        triton_decode.decode_attention(q, kv, 0.125, plan=DecodePlan(256, 8, 2, 128))
+
+
 def test_decode_with_the_first_new_token_packed():
     # A flush may pack the first of Lq new tokens (res_len = Lq - 1): it sees every packed token (itself the last),
     # the others the window causally; the oracle masks packed tokens too, so this checks that nothing more is needed.

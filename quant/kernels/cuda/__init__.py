@@ -1,8 +1,10 @@
 """The CUDA kernels of csrc/: their build, the decode's plan and launch, the pack and the layer kernels.
 
 - loader.py: building and loading the extensions (`load` per head dim and register budget, `load_layers` once);
-- plan.py: the decode's launch plan (builds, splits, the window's CTA, CTA order, the merge) and its cost model;
-- decode.py: `decode_attention`, the decode launch; `launch_plan`, the plan it would launch;
+- plan.py: the decode's launch plan, `make_plan` -> a DecodePlan (builds, splits, the window's CTA, CTA order, the
+  merge), and its cost model;
+- decode.py: `decode_attention`, the decode; `launch`, the kernel's launch on prepared inputs and a DecodePlan;
+  `launch_plan`, the plan `decode_attention` would launch;
 - pack.py: `pack_kv`, the pack of K and V into codes;
 - layers.py: the decode-time RMSNorm and RoPE on the layer extension (the GEMV's launcher:
   quant/kernels/fused_linear.py).
@@ -11,7 +13,7 @@ Everything is importable from here (`from quant.kernels import cuda; cuda.decode
 a loader replaces it in quant.kernels.cuda.loader, where its callers look it up.
 """
 
-from quant.kernels.common import num_sms  # noqa: F401  (the decode's SM count, as the tests and benchmarks read it)
+from quant.kernels.common import DecodePlan, num_sms  # noqa: F401  (as the tests and benchmarks read them)
 from quant.kernels.cuda.decode import (  # noqa: F401
     _COUNTERS,
     _NO_TRACE,
@@ -21,6 +23,7 @@ from quant.kernels.cuda.decode import (  # noqa: F401
     _EmptyPerDevice,
     _is_sylvester,
     decode_attention,
+    launch,
     launch_plan,
 )
 from quant.kernels.cuda.layers import (  # noqa: F401
@@ -80,6 +83,7 @@ from quant.kernels.cuda.plan import (  # noqa: F401
     cta_order,
     decode_plan,
     long_rows,
+    make_plan,
     merge_plan,
     paired_split_tokens,
     paired_splits,

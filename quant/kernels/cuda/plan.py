@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 
-from quant.kernels.common import choose_split
+from quant.kernels.common import DecodePlan, choose_split
 from quant.kernels.cuda.loader import ROW_KERNEL_TOKENS
 
 
@@ -178,6 +178,60 @@ def plan_launch(
     if chosen and (min_blocks, warps) == WIDE and wide_long(split_tokens, query_rows):
         min_blocks, warps = WIDE_LONG
     return min_blocks, warps, split_tokens, splits, window_cta
+
+
+@functools.lru_cache(maxsize=4096)
+def make_plan(
+    tokens: int,
+    rows: int,
+    sms: int,
+    query_rows: int,
+    residual: int,
+    head_dim: int,
+    min_blocks: int | None = None,
+    warps: int | None = None,
+    wide: bool = True,
+    window_cta: bool | None = None,
+    split_tokens: int | None = None,
+    waves: float | None = None,
+    order: int | None = None,
+    merge_group: int | None = None,
+    invariant: bool = False,
+) -> DecodePlan:
+    """The decode launch's DecodePlan for `rows` (batch x KV heads) of `tokens` packed and `residual` window tokens,
+    `query_rows` (GQA group x Lq) a row, on `sms` SMs: `plan_launch`'s build and splits, `cta_order`'s order and
+    `merge_plan`'s merge; each given argument overrides the planner's choice (as `decode_attention` documents them).
+    invariant (the batch-invariant mode): a plan that depends on no other row: the NARROW build, splits of
+    INVARIANT_SPLIT_TOKENS (a row's splits past its length are empty and merge as exact zeros), the window in its own
+    CTA and a one-level merge, whose accumulators take the splits in the same order whatever their count. Memoized:
+    every layer of a step, and every step of a length, plans alike."""
+    if invariant:
+        from quant.kernels import INVARIANT_SPLIT_TOKENS
+
+        min_blocks, warps = NARROW
+        split_tokens = split_tokens or INVARIANT_SPLIT_TOKENS
+        window_cta, merge_group, order = True, 0, ORDER_ROWS
+    min_blocks, warps, split_tokens, splits, window_cta = plan_launch(
+        tokens, rows, sms, query_rows, residual, min_blocks, warps, wide, window_cta, split_tokens, waves
+    )
+    if warps > 8 and query_rows > WIDE_LONG_MAX_QUERY_ROWS:
+        raise ValueError(
+            f"a {warps}-warp decode build holds up to {WIDE_LONG_MAX_QUERY_ROWS} query rows per KV head, got "
+            f"{query_rows}: use warps=4 or 8"
+        )
+    window_cta = bool(window_cta)
+    if order is None:
+        order = cta_order(rows, splits, window_cta, sms * min_blocks, sms)
+    elif order not in (ORDER_ROWS, ORDER_SPECIAL_FIRST, ORDER_SPECIAL_LAST):
+        raise ValueError(
+            f"order must be {ORDER_ROWS} (row by row), {ORDER_SPECIAL_FIRST} (each row's window or "
+            f"window-carrying CTA first) or {ORDER_SPECIAL_LAST} (those last), got {order!r}"
+        )
+    if merge_group is None:
+        merge_group = merge_plan(splits, query_rows, head_dim, window_cta, 32 * warps)
+    elif merge_group < 0:
+        raise ValueError(f"merge_group must be >= 0, got {merge_group}")
+    return DecodePlan(tokens, rows, splits, split_tokens, window_cta, order, merge_group, min_blocks, warps)
 
 
 def waves_with_window(tokens: int, rows: int, slots: int, most: int = 8) -> tuple[int, int]:
