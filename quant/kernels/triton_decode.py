@@ -5,17 +5,20 @@ combine program per query row, and how their loop is built: quant/kernels/triton
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+import torch
 import triton
 
-from quant.kernels.common import DecodePlan
+from quant.kernels.common import DecodePlan, _lens, choose_split, num_sms, padded_rows, prepare_decode
 from quant.kernels.triton_decode_kernels import (  # noqa: F401  (the kernels, as benchmarks/triton_sass.py reads them)
     BLOCK_T,
     LOG2E,
     combine_kernel,
     decode_split_kernel,
 )
+from quant.packed import TL_BLOCK
 
 _PROGRAMS: dict = {}  # compiled launch configuration -> resident programs per SM (programs_per_sm)
 
@@ -23,8 +26,6 @@ _PROGRAMS: dict = {}  # compiled launch configuration -> resident programs per S
 def programs_per_sm(kernel, device) -> int:
     """Programs of a compiled Triton kernel resident on one SM at once: the least of what its registers (allocated per
     warp in units of 256), its shared memory (+1 KB the hardware reserves per block) and its warps allow."""
-    import torch
-
     props = torch.cuda.get_device_properties(device)
     kernel._init_handles()  # loads the binary: n_regs is known from here on
     warps = kernel.metadata.num_warps
@@ -44,8 +45,6 @@ def plan_splits(
     sms * programs), exactly one wave of splits of >= min_blocks blocks: the 3-wave rule would leave a partial last
     wave that ends as late as a full one (docs/PERFORMANCE.md, The Triton decode); else rows * splits ~ 3 x sms
     (common.choose_split). A given `waves` always takes the latter rule."""
-    from quant.kernels.common import choose_split
-
     one_wave = sms * programs // max(rows, 1) - 1
     if waves is not None or one_wave < 4 or tokens == 0:
         return choose_split(tokens, rows, block, sms, 3 if waves is None else waves)
@@ -57,8 +56,6 @@ def plan_splits(
 def _inline_ptx() -> bool:
     """Whether the kernel may use its inline PTX (_codes): not under the interpreter, which cannot run PTX, nor on
     ROCm (torch.version.hip), whose Triton has no PTX. The plain path gives the same values, slower."""
-    import torch
-
     return os.environ.get("TRITON_INTERPRET") != "1" and getattr(torch.version, "hip", None) is None
 
 
@@ -88,27 +85,78 @@ def decode_attention(
     registers, are the fastest of the settings tried (docs/PERFORMANCE.md, The Triton decode). plan: a DecodePlan made
     for these inputs' shape (its splits; the window always has its own program), instead of split_tokens / waves.
     """
-    import dataclasses
-
-    import torch
-
-    from quant.kernels.common import _lens, num_sms, padded_rows, prepare_decode
-    from quant.packed import TL_BLOCK
-
     if query.is_cuda and query.device.index != torch.cuda.current_device():  # Triton launches on the current device
         with torch.cuda.device(query.device):  # a layer of a model spread over GPUs (device_map)
             return decode_attention(
                 query, kv, scaling, kv_lens, res_lens, split_tokens, num_warps, num_stages, waves, maxnreg, plan
             )
-    if kv.k is not None and kv.k.num_tokens % TL_BLOCK:  # pad to whole blocks, the padding masked by kv_lens
-        t = kv.k.num_tokens
-        kv_lens = _lens(kv_lens, t, query.shape[0], t, "kv_lens", query.device)
-        norms = kv.norms
-        if norms is not None:
-            norms = torch.cat([norms, norms.new_ones(norms.shape[0], -(-t // TL_BLOCK) * TL_BLOCK - t)], 1)
-        kv = dataclasses.replace(kv, k=kv.k.pad_tokens(TL_BLOCK), v=kv.v.pad_tokens(TL_BLOCK), norms=norms)
+    kv, kv_lens = _whole_blocks(query, kv, kv_lens)
     x = prepare_decode(query, kv, kv_lens, res_lens, rotate_query=False, order="tl")  # the kernel rotates the query
-    m = padded_rows(x.group, x.lq)
+    options = dict(
+        HKV=x.kv_heads,
+        GROUP=x.group,
+        LQ=x.lq,
+        M=padded_rows(x.group, x.lq),
+        D=x.head_dim,
+        BLOCK_T=BLOCK_T,
+        BLOCK_R=32,
+        ROTATE=kv.hadamard is not None,
+        ASM=_inline_ptx(),
+        num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}),
+        **({} if maxnreg is None else {"maxnreg": maxnreg}),
+    )
+    plan = _plan(x, plan, split_tokens, waves, options)
+    return _launch(x, plan, float(scaling) * LOG2E, options, kv.rotate_out, query)
+
+
+def _whole_blocks(query, kv, kv_lens):
+    """The cache padded to whole 128-token blocks (the tl order's), the padding masked by kv_lens."""
+    if kv.k is None or kv.k.num_tokens % TL_BLOCK == 0:
+        return kv, kv_lens
+    t = kv.k.num_tokens
+    kv_lens = _lens(kv_lens, t, query.shape[0], t, "kv_lens", query.device)
+    norms = kv.norms
+    if norms is not None:
+        norms = torch.cat([norms, norms.new_ones(norms.shape[0], -(-t // TL_BLOCK) * TL_BLOCK - t)], 1)
+    return dataclasses.replace(kv, k=kv.k.pad_tokens(TL_BLOCK), v=kv.v.pad_tokens(TL_BLOCK), norms=norms), kv_lens
+
+
+def _split_args(x, splits: int, split_tokens: int, sl2: float, po, pml) -> tuple:
+    """decode_split_kernel's arguments before its constexprs (its signature's order)."""
+    return (
+        x.q,
+        x.hd,
+        x.kc,
+        x.ks,
+        x.kz,
+        x.vc,
+        x.vs,
+        x.vz,
+        x.norms,
+        x.k_res,
+        x.v_res,
+        x.kv_lens,
+        x.res_lens,
+        po,
+        pml,
+        x.tokens,
+        x.residual,
+        splits,
+        split_tokens,
+        sl2,
+        x.k_res.stride(0),
+        x.k_res.stride(1),
+        x.k_res.stride(2),
+        x.v_res.stride(0),
+        x.v_res.stride(1),
+        x.v_res.stride(2),
+    )
+
+
+def _plan(x, plan: DecodePlan | None, split_tokens: int | None, waves: float | None, options: dict) -> DecodePlan:
+    """The launch's DecodePlan: the given one (checked against x's shape), the given split_tokens, or plan_splits'
+    with the compiled kernel's programs per SM (read once per launch configuration)."""
     rows = x.batch * x.kv_heads
     if plan is not None:
         if (plan.tokens, plan.rows) != (x.tokens, rows):
@@ -121,86 +169,45 @@ def decode_attention(
         raise ValueError(
             f"split_tokens ({split_tokens}) must be a positive multiple of {BLOCK_T} (the tl order's block)"
         )
-    dev = query.device
-    sl2 = float(scaling) * LOG2E
-    options = dict(
-        HKV=x.kv_heads,
-        GROUP=x.group,
-        LQ=x.lq,
-        M=m,
-        D=x.head_dim,
-        BLOCK_T=BLOCK_T,
-        BLOCK_R=32,
-        ROTATE=kv.hadamard is not None,
-        ASM=_inline_ptx(),
-        num_warps=num_warps,
-        **({} if num_stages is None else {"num_stages": num_stages}),
-        **({} if maxnreg is None else {"maxnreg": maxnreg}),
-    )
-
-    def args(splits, split_tokens, po, pml):
-        return (
-            x.q,
-            x.hd,
-            x.kc,
-            x.ks,
-            x.kz,
-            x.vc,
-            x.vs,
-            x.vz,
-            x.norms,
-            x.k_res,
-            x.v_res,
-            x.kv_lens,
-            x.res_lens,
-            po,
-            pml,
-            x.tokens,
-            x.residual,
-            splits,
-            split_tokens,
-            sl2,
-            x.k_res.stride(0),
-            x.k_res.stride(1),
-            x.k_res.stride(2),
-            x.v_res.stride(0),
-            x.v_res.stride(1),
-            x.v_res.stride(2),
-        )
-
+    if plan is not None:
+        return plan
+    dev = x.q.device
     if split_tokens is None:
         programs = 2  # the 4-warp build's programs per SM (docs/PERFORMANCE.md), where it cannot be read
         if dev.type == "cuda":
             key = (dev.index, x.q.dtype, x.k_res.dtype, tuple(sorted(options.items())))
             if key not in _PROGRAMS:  # compile without launching and read the binary's registers and shared memory
                 scratch = torch.empty(1, dtype=torch.float32, device=dev)
-                _PROGRAMS[key] = programs_per_sm(
-                    decode_split_kernel.warmup(*args(1, BLOCK_T, scratch, scratch), grid=(1,), **options), dev
-                )
+                args = _split_args(x, 1, BLOCK_T, 1.0, scratch, scratch)
+                _PROGRAMS[key] = programs_per_sm(decode_split_kernel.warmup(*args, grid=(1,), **options), dev)
             programs = _PROGRAMS[key]
         split_tokens, splits = plan_splits(x.tokens, rows, BLOCK_T, num_sms(dev), programs, waves)
     else:
         splits = -(-x.tokens // split_tokens)
-    if plan is None:
-        plan = DecodePlan(x.tokens, rows, splits, split_tokens, warps=num_warps)
-    splits, split_tokens = plan.splits, plan.split_tokens
-    po = torch.empty(rows, splits + 1, m, x.head_dim, dtype=torch.float32, device=dev)
-    pml = torch.empty(rows, splits + 1, 2, m, dtype=torch.float32, device=dev)
-    decode_split_kernel[(splits + 1, rows)](*args(splits, split_tokens, po, pml), **options)
+    return DecodePlan(x.tokens, rows, splits, split_tokens, warps=options["num_warps"])
+
+
+def _launch(x, plan: DecodePlan, sl2: float, options: dict, rotate_out: bool, query):
+    """The split kernel over the plan's (splits + 1) x rows programs, then the combine per query row."""
+    dev, m = x.q.device, options["M"]
+    po = torch.empty(plan.rows, plan.splits + 1, m, x.head_dim, dtype=torch.float32, device=dev)
+    pml = torch.empty(plan.rows, plan.splits + 1, 2, m, dtype=torch.float32, device=dev)
+    args = _split_args(x, plan.splits, plan.split_tokens, sl2, po, pml)
+    decode_split_kernel[(plan.splits + 1, plan.rows)](*args, **options)
     out = torch.empty(query.shape, dtype=query.dtype, device=dev)
-    combine_kernel[(rows * x.group * x.lq,)](
+    combine_kernel[(plan.rows * x.group * x.lq,)](
         po,
         pml,
         x.hd,
         out,
-        splits,
+        plan.splits,
         HKV=x.kv_heads,
         GROUP=x.group,
         LQ=x.lq,
         M=m,
         D=x.head_dim,
-        NS=min(64, triton.next_power_of_2(max(splits, 1))),
-        ROTATE_OUT=kv.rotate_out,
+        NS=min(64, triton.next_power_of_2(max(plan.splits, 1))),
+        ROTATE_OUT=rotate_out,
         num_warps=4,
     )
     return out
