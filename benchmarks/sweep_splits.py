@@ -200,7 +200,7 @@ def summarize_trace(stamps: torch.Tensor) -> dict:
     }
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES))
     p.add_argument("--points", default="1x4096,1x32768,1x131072,16x32768,64x4096")
@@ -250,52 +250,62 @@ def main() -> None:
         help="V rotated in the cache (the merge rotates the output back), not in the model's weights",
     )
     p.add_argument("--out", default=None)
-    a = p.parse_args()
+    return p.parse_args(argv)
+
+
+def sweep_point(a, b: int, ctx: int, window, orders, merges) -> list[dict]:
+    """Every plan of one point B x context timed (and traced with --trace), each printed as it ends."""
+    rows = []
+    q, kv = inputs(a.shape, b, ctx, rotate_values=a.rotate_values, lq=a.lq)
+    for s in [None] + [int(v) for v in a.splits.split(",") if v]:
+        if s is not None and s * 128 > ctx * 2:
+            continue
+        for order in orders:
+            for merge in merges:
+                r = {
+                    "shape": a.shape,
+                    "batch": b,
+                    "context": ctx,
+                    "lq": a.lq,
+                    "planned": s is None,
+                    **time_plan(q, kv, s, a.min_blocks, window, a.balance, order, merge, a.warps),
+                }
+                rows.append(r)
+                print(
+                    f"{a.shape} {b:>3}x{ctx:<6}{f' lq {a.lq}' if a.lq > 1 else ''} splits {r['splits']:>4} "
+                    f"({r['split_tokens']:>6} tok, "
+                    f"{r['ctas']:>5} CTAs, order {r['order']}, merge groups {r['merge_group']})"
+                    f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us"
+                    f"  clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us",
+                    flush=True,
+                )
+    if a.trace:
+        order = None if orders == [None] else orders[-1]
+        for merge in merges:
+            tr = trace_plan(q, kv, a.min_blocks, order, merge, a.trace_flush, a.warps)
+            rows.append({"shape": a.shape, "batch": b, "context": ctx, "merge_group": merge, "trace": tr})
+            print(
+                f"  trace (merge groups {merge}) {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, "
+                f"min/median/p90/max): start {tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} "
+                f"partial {tr['partial_us']} window {tr['window_us']} cta end {tr['cta_end_us']} "
+                f"group merge {tr['group_merge_us']} merge {tr['merge_us']} (loads {tr['merge_loads_us']}) "
+                f"tail {tr['tail_us']} last end {tr['end_us']:.2f}",
+                flush=True,
+            )
+    del q, kv
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    a = parse_args()
     window = {"auto": None, "cta": True, "folded": False}[a.window]
     orders = [None if o == "plan" else int(o) for o in a.orders.split(",")]
     merges = [None if m == "plan" else int(m) for m in a.merge_groups.split(",")]
     rows = []
     for point in a.points.split(","):
         b, ctx = (int(v) for v in point.lower().split("x"))
-        q, kv = inputs(a.shape, b, ctx, rotate_values=a.rotate_values, lq=a.lq)
-        for s in [None] + [int(v) for v in a.splits.split(",") if v]:
-            if s is not None and s * 128 > ctx * 2:
-                continue
-            for order in orders:
-                for merge in merges:
-                    r = {
-                        "shape": a.shape,
-                        "batch": b,
-                        "context": ctx,
-                        "lq": a.lq,
-                        "planned": s is None,
-                        **time_plan(q, kv, s, a.min_blocks, window, a.balance, order, merge, a.warps),
-                    }
-                    rows.append(r)
-                    print(
-                        f"{a.shape} {b:>3}x{ctx:<6}{f' lq {a.lq}' if a.lq > 1 else ''} splits {r['splits']:>4} "
-                        f"({r['split_tokens']:>6} tok, "
-                        f"{r['ctas']:>5} CTAs, order {r['order']}, merge groups {r['merge_group']})"
-                        f"{' plan' if r['planned'] else '     '} flushed {r['flushed_us']:8.1f} us"
-                        f"  clean-L2 {r['clean_us']:8.1f} us  warm {r['warm_us']:8.1f} us",
-                        flush=True,
-                    )
-        if a.trace:
-            for merge in merges:
-                tr = trace_plan(
-                    q, kv, a.min_blocks, None if orders == [None] else orders[-1], merge, a.trace_flush, a.warps
-                )
-                rows.append({"shape": a.shape, "batch": b, "context": ctx, "merge_group": merge, "trace": tr})
-                print(
-                    f"  trace (merge groups {merge}) {tr['ctas']} CTAs on {tr['sms_used']} SMs (us, "
-                    f"min/median/p90/max): start {tr['start_us']} query {tr['query_us']} loop {tr['loop_us']} "
-                    f"partial {tr['partial_us']} window {tr['window_us']} cta end {tr['cta_end_us']} "
-                    f"group merge {tr['group_merge_us']} merge {tr['merge_us']} (loads {tr['merge_loads_us']}) "
-                    f"tail {tr['tail_us']} last end {tr['end_us']:.2f}",
-                    flush=True,
-                )
-        del q, kv
-        torch.cuda.empty_cache()
+        rows += sweep_point(a, b, ctx, window, orders, merges)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(
