@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 
@@ -120,8 +119,7 @@ def time_plan(
     torch.cuda.synchronize()
     warm = 1e3 * start.elapsed_time(end) / 200
     return {
-        **{k: v for k, v in dataclasses.asdict(plan).items() if k not in ("tokens", "rows")},
-        "ctas": plan.ctas,
+        **plan.launch_record(),
         "flushed_us": flushed,
         "clean_us": clean,
         "warm_us": warm,

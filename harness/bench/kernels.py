@@ -107,8 +107,7 @@ def kernel_point(
 
         plan = launch_plan(q, kv, wide=wide)
         row["cuda_plan"] = {
-            **{k: v for k, v in dataclasses.asdict(plan).items() if k not in ("tokens", "rows")},
-            "ctas": plan.ctas,
+            **plan.launch_record(),
             "kernel": "row" if row_kernel(plan.tokens, plan.splits, plan.window_cta, kv.rotate_out) else "split",
         }
         try:

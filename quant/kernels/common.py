@@ -8,7 +8,7 @@ checked, so a bad shape fails here with a message instead of reading out of boun
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -214,6 +214,13 @@ class DecodePlan:
     def ctas(self) -> int:
         """CTAs (programs) of the launch's grid: each row's splits, plus its window's own; one a row without splits."""
         return (self.splits + self.window_cta if self.splits else 1) * self.rows
+
+    def launch_record(self) -> dict:
+        """The launch as a bench row records it: the build, splits, window, order and merge, and the grid's CTAs."""
+        return {
+            **{f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tokens", "rows")},
+            "ctas": self.ctas,
+        }
 
 
 def num_sms(device: torch.device) -> int:

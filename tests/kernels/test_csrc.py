@@ -242,6 +242,10 @@ def test_make_plan_is_the_planners_launch_with_overrides():
     assert plan.ctas == 32 * plan.splits and plan.merge_groups == 0
     thinker = kcuda.make_plan(130944, 4, 132, 8, 64, 128, wide=False)  # NARROW: 64 splits, two merge levels
     assert (thinker.splits, thinker.window_cta, thinker.merge_group, thinker.merge_groups) == (64, True, 8, 8)
+    assert thinker.launch_record() == {  # what a bench row records of it
+        "splits": 64, "split_tokens": 2048, "window_cta": True, "order": 0, "merge_group": 8, "min_blocks": 3,
+        "warps": 4, "ctas": 4 * 65,
+    }  # fmt: skip
     for rows in (8, 64):  # batch 1 and 8 of 8 KV heads: the same split size, the window's own CTA, one merge level
         inv = kcuda.make_plan(4096, rows, 132, 4, 64, 128, invariant=True)
         assert (inv.min_blocks, inv.warps) == kcuda.NARROW and inv.split_tokens == 1024 and inv.splits == 4
