@@ -109,8 +109,8 @@ class QTensor:
             scale, zero = tl_scales(scale, self.axis), tl_scales(zero, self.axis)
         else:
             new = pack_codes(codes, self.bits, self.axis)
-        # contiguous, as a kernel reads them: converting once here keeps the copy out of every decode call (the bench
-        # timed a 33 MB transposing copy as the Triton decode's at 1 x 128K)
+        # contiguous, as a kernel reads them: converting once here keeps a transposing copy of the codes out of every
+        # decode call (docs/PERFORMANCE.md, The Triton decode)
         return replace(self, codes=new.contiguous(), scale=scale.contiguous(), zero=zero.contiguous(), order=order)
 
     def dequantize(self) -> torch.Tensor:

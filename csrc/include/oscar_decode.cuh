@@ -19,7 +19,7 @@
 // O = 2^(24 - p) O^T + Z at the end of the quantized part (fold_values). An offset carried along a split (as the
 // codes' B = 4 or 16 of the fp16 trick, or even their mean 1.5) grows the sum past the output's size while O averages
 // down, and the tensor cores' fp32 sums drop low bits at every step: an error that grew with the tokens a CTA reads
-// (2% at 16 x 32K with B, 0.72% for one 32K split with plain subnormals, against 0.17% for a float32 reference).
+// (the figures: docs/KERNELS.md, Decode accuracy).
 // Each warp streams its own groups through a kStages-deep cp.async pipeline (no block barriers).
 #pragma once
 #include "oscar_common.cuh"

@@ -1,5 +1,5 @@
-// Numbers and shapes for TORCH_CHECK messages, formatted without iostreams. On the H100 device image (torch 2.11,
-// CUDA 13) a check whose message streamed an integer segfaulted in these nvcc-built extensions instead of raising
+// Numbers and shapes for TORCH_CHECK messages, formatted without iostreams. With torch 2.11 and CUDA 13 a check whose
+// message streamed an integer segfaulted in these nvcc-built extensions instead of raising
 // (the pack's token-count check), while messages of strings and dtypes raised as they should; std::to_string
 // does not go through the stream's number formatting.
 #pragma once

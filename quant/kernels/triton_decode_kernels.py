@@ -259,7 +259,7 @@ def decode_split_kernel(
     if split < num_splits:
         if ROTATE:  # QR = Q Hd, 32 channels of Q at a time (registers), each as two TF32 products: Hd's high part
             # (10 mantissa bits, TF32-exact) and the rest; Q's bf16 / fp16 values are TF32-exact. Q's rows in M, as in
-            # the window's products (the transposed form, Hd^T Q^T, faulted on the H100 under Triton 3.6 at D = 64).
+            # the window's products (the transposed form, Hd^T Q^T, faulted on sm_90 under Triton 3.6 at D = 64).
             qacc = tl.zeros((M, D), tl.float32)
             for c in tl.static_range(0, D, 32):
                 dc = c + tl.arange(0, 32)
