@@ -102,6 +102,27 @@ def _check_packed(kv: PackedKV, b: int, hkv: int, d: int) -> None:
             raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {shape} for the PackedKV layout")
 
 
+def _check_window(lq: int, tr: int, res_lens) -> None:
+    """The kernels mask causally inside the window only, so of the Lq new tokens only the first may be packed (it sees
+    every packed token, itself the last); where a flush packed more of them, the torch path masks packed tokens too.
+    Host lengths are checked; device lengths are trusted (reading them back would stall every decode step)."""
+    if lq == 1 or (isinstance(res_lens, torch.Tensor) and res_lens.is_cuda):
+        return
+    short = min([tr] if res_lens is None else [int(r) for r in torch.as_tensor(res_lens).reshape(-1)], default=lq)
+    if short < lq - 1:
+        raise ValueError(
+            f"{lq} query tokens but only {short} in the full-precision window (a flush just packed "
+            f"{lq - short} of them; the kernels need >= {lq - 1} there): use backend='torch' for this step"
+        )
+
+
+def _no_packed(dev) -> tuple[torch.Tensor, ...]:
+    """Stand-ins for the codes, scales, zeros and norms of a cache that packed nothing yet (no kernel reads them)."""
+    i32, f16 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.float16, device=dev)
+    kc, ks, kz = torch.zeros(1, **i32), torch.zeros(1, **f16), torch.zeros(1, **f16)
+    return kc, ks, kz, kc, ks, kz, torch.ones(1, dtype=torch.float32, device=dev)
+
+
 def prepare_decode(
     query: torch.Tensor, kv: PackedKV, kv_lens=None, res_lens=None, rotate_query: bool = True, order: str = "natural"
 ) -> DecodeInputs:
@@ -120,30 +141,11 @@ def prepare_decode(
         raise ValueError(
             f"residual K/V must be [B={b}, Hkv, Tr, D={d}], got {tuple(kv.k_res.shape)} and {tuple(kv.v_res.shape)}"
         )
-    # The kernels mask causally inside the window only, so of the Lq new tokens only the first may be packed (it sees
-    # every packed token, itself the last); where a flush packed more of them, the torch path masks packed tokens too.
-    # Host lengths are checked; device lengths are trusted (reading them back would stall every decode step).
-    short = (
-        []
-        if lq == 1
-        else [tr]
-        if res_lens is None
-        else []
-        if isinstance(res_lens, torch.Tensor) and res_lens.is_cuda
-        else [int(r) for r in torch.as_tensor(res_lens).reshape(-1)]
-    )
-    if any(r < lq - 1 for r in short):
-        raise ValueError(
-            f"{lq} query tokens but only {min(short)} in the full-precision window (a flush just packed "
-            f"{lq - min(short)} of them; the kernels need >= {lq - 1} there): use backend='torch' for "
-            "this step"
-        )
+    _check_window(lq, tr, res_lens)
     dev = query.device
     if kv.k is None:
         t = 0
-        i32, f16 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.float16, device=dev)
-        kc, ks, kz = torch.zeros(1, **i32), torch.zeros(1, **f16), torch.zeros(1, **f16)
-        vc, vs, vz, norms = kc, ks, kz, torch.ones(1, dtype=torch.float32, device=dev)
+        kc, ks, kz, vc, vs, vz, norms = _no_packed(dev)
     else:
         _check_packed(kv, b, hkv, d)
         t = kv.k.num_tokens

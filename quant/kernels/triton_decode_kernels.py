@@ -202,6 +202,107 @@ def _online_update(s, v, m, l, acc):
 
 
 @triton.jit
+def _query_t(Q, HD, q_off, row_ok, M: tl.constexpr, D: tl.constexpr, ROTATE: tl.constexpr):
+    """Q^T [D, M] in fp16 for a quantized split's score products: the query rows at q_off, rotated by Hd (ROTATE)."""
+    d = tl.arange(0, D)
+    if ROTATE:  # QR = Q Hd, 32 channels of Q at a time (registers), each as two TF32 products: Hd's high part
+        # (10 mantissa bits, TF32-exact) and the rest; Q's bf16 / fp16 values are TF32-exact. Q's rows in M, as in
+        # the window's products (the transposed form, Hd^T Q^T, faulted on sm_90 under Triton 3.6 at D = 64).
+        qacc = tl.zeros((M, D), tl.float32)
+        for c in tl.static_range(0, D, 32):
+            dc = c + tl.arange(0, 32)
+            qc = tl.load(Q + q_off[:, None] + dc[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+            hdc = tl.load(HD + dc[:, None] * D + d[None, :])  # Hd's rows c..c+31
+            hi = (hdc.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+            qacc += tl.dot(qc, hi, input_precision=PRECISE) + tl.dot(qc, hdc - hi, input_precision=PRECISE)
+        qt = tl.trans(qacc)
+    else:
+        qt = tl.load(Q + q_off[None, :] + d[:, None], mask=row_ok[None, :], other=0.0).to(tl.float32)  # Q^T
+    return qt.to(tl.float16)
+
+
+@triton.jit
+def _quantized_split(
+    qr,
+    KC,
+    KS,
+    KZ,
+    VC,
+    VS,
+    VZ,
+    NORM,
+    kbase,
+    nbase,
+    start,
+    end,
+    kv_len,
+    scale_log2,
+    M: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """(m, l, O) [M], [M], [M, D] of the packed tokens [start, end) of one (batch, KV head): its whole blocks without
+    masks, then its last partial block as one masked step. kbase: the row's first token in the packed arrays
+    ((b * HKV + h) * T), nbase: the sequence's in the norms (b * T)."""
+    kc, vc = KC + kbase * (D // 16), VC + kbase * (D // 16)
+    ks, kz = KS + kbase // 32 * D, KZ + kbase // 32 * D
+    vs, vz = VS + kbase * (D // 32), VZ + kbase * (D // 32)
+    m = tl.full((M,), NEG_INIT, tl.float32)
+    acct = tl.zeros((D, M), tl.float32)
+    l2 = tl.zeros((BLOCK_T, M), tl.float32)
+    full = start + tl.maximum(end - start, 0) // BLOCK_T * BLOCK_T
+    for t0 in range(start, full, BLOCK_T):
+        m, l2, acct = _block_step(
+            qr, kc, ks, kz, vc, vs, vz, NORM + nbase, t0, kv_len, scale_log2, m, l2, acct, BLOCK_T, D, False, ASM
+        )
+    if full < end:
+        m, l2, acct = _block_step(
+            qr, kc, ks, kz, vc, vs, vz, NORM + nbase, full, kv_len, scale_log2, m, l2, acct, BLOCK_T, D, True, ASM
+        )
+    return m, tl.sum(l2, 0), tl.trans(acct)
+
+
+@triton.jit
+def _window_split(
+    Q,
+    q_off,
+    row_ok,
+    kr_base,
+    vr_base,
+    stride_rt,
+    stride_vt,
+    res_len,
+    qtok,
+    scale_log2,
+    LQ: tl.constexpr,
+    M: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """(m, l, O) of the full-precision window of one (batch, KV head): res_len tokens at kr_base / vr_base, the query
+    rows at q_off (query token qtok of each row). The Lq new tokens are the window's last: query token i sees
+    positions < res_len - LQ + 1 + i."""
+    d = tl.arange(0, D)
+    m = tl.full((M,), NEG_INIT, tl.float32)
+    l = tl.zeros((M,), tl.float32)
+    acc = tl.zeros((M, D), tl.float32)
+    q = tl.load(Q + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+    limit = res_len - LQ + 1 + qtok
+    for t0 in range(0, res_len, BLOCK_R):
+        t = t0 + tl.arange(0, BLOCK_R)
+        ok = t < res_len
+        # fp32 operands (TF32 products, exact for bf16 values) for the <= ~128-token window: bf16 dots are wrong
+        # under the Triton interpreter (3.9), which CI runs.
+        k = tl.load(kr_base + t[:, None] * stride_rt + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        v = tl.load(vr_base + t[:, None] * stride_vt + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISE) * scale_log2
+        s = tl.where(t[None, :] < limit[:, None], s, float("-inf"))
+        m, l, acc = _online_update(s, v, m, l, acc)
+    return m, l, acc
+
+
+@triton.jit
 def decode_split_kernel(
     Q,
     HD,
@@ -252,95 +353,26 @@ def decode_split_kernel(
     r = tl.arange(0, M)
     row_ok = r < GROUP * LQ
     q_off = ((b * HKV + h) * GROUP + r % GROUP) * LQ * D + (r // GROUP) * D
-    d = tl.arange(0, D)
-    m = tl.full((M,), NEG_INIT, tl.float32)
-    l = tl.zeros((M,), tl.float32)
-    acc = tl.zeros((M, D), tl.float32)
     if split < num_splits:
-        if ROTATE:  # QR = Q Hd, 32 channels of Q at a time (registers), each as two TF32 products: Hd's high part
-            # (10 mantissa bits, TF32-exact) and the rest; Q's bf16 / fp16 values are TF32-exact. Q's rows in M, as in
-            # the window's products (the transposed form, Hd^T Q^T, faulted on sm_90 under Triton 3.6 at D = 64).
-            qacc = tl.zeros((M, D), tl.float32)
-            for c in tl.static_range(0, D, 32):
-                dc = c + tl.arange(0, 32)
-                qc = tl.load(Q + q_off[:, None] + dc[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-                hdc = tl.load(HD + dc[:, None] * D + d[None, :])  # Hd's rows c..c+31
-                hi = (hdc.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-                qacc += tl.dot(qc, hi, input_precision=PRECISE) + tl.dot(qc, hdc - hi, input_precision=PRECISE)
-            qt = tl.trans(qacc)
-        else:
-            qt = tl.load(Q + q_off[None, :] + d[:, None], mask=row_ok[None, :], other=0.0).to(tl.float32)  # Q^T
-        qr = qt.to(tl.float16)
-        acct = tl.zeros((D, M), tl.float32)
-        l2 = tl.zeros((BLOCK_T, M), tl.float32)
         kv_len = tl.load(KV_LEN + b)
         start = split * split_tokens
         end = tl.minimum(start + split_tokens, kv_len)
+        qr = _query_t(Q, HD, q_off, row_ok, M, D, ROTATE)
         kbase = (b * HKV + h).to(tl.int64) * T
-        full = start + tl.maximum(end - start, 0) // BLOCK_T * BLOCK_T  # whole blocks: no masks in the main loop
-        for t0 in range(start, full, BLOCK_T):
-            m, l2, acct = _block_step(
-                qr,
-                KC + kbase * (D // 16),
-                KS + kbase // 32 * D,
-                KZ + kbase // 32 * D,
-                VC + kbase * (D // 16),
-                VS + kbase * (D // 32),
-                VZ + kbase * (D // 32),
-                NORM + b.to(tl.int64) * T,
-                t0,
-                kv_len,
-                scale_log2,
-                m,
-                l2,
-                acct,
-                BLOCK_T,
-                D,
-                False,
-                ASM,
-            )
-        if full < end:
-            m, l2, acct = _block_step(
-                qr,
-                KC + kbase * (D // 16),
-                KS + kbase // 32 * D,
-                KZ + kbase // 32 * D,
-                VC + kbase * (D // 16),
-                VS + kbase * (D // 32),
-                VZ + kbase * (D // 32),
-                NORM + b.to(tl.int64) * T,
-                full,
-                kv_len,
-                scale_log2,
-                m,
-                l2,
-                acct,
-                BLOCK_T,
-                D,
-                True,
-                ASM,
-            )
-        acc = tl.trans(acct)
-        l = tl.sum(l2, 0)
+        nbase = b.to(tl.int64) * T
+        m, l, acc = _quantized_split(
+            qr, KC, KS, KZ, VC, VS, VZ, NORM, kbase, nbase, start, end, kv_len, scale_log2, M, D, BLOCK_T, ASM
+        )
     else:
-        q = tl.load(Q + q_off[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        kr = KR + b.to(tl.int64) * stride_rb + h * stride_rh
+        vr = VR + b.to(tl.int64) * stride_vb + h * stride_vh
         res_len = tl.load(RES_LEN + b)
-        # Query token i sees residual positions < res_len - LQ + 1 + i (the new tokens are the last LQ).
-        limit = res_len - LQ + 1 + r // GROUP
-        kr_base = KR + b.to(tl.int64) * stride_rb + h * stride_rh
-        vr_base = VR + b.to(tl.int64) * stride_vb + h * stride_vh
-        for t0 in range(0, res_len, BLOCK_R):
-            t = t0 + tl.arange(0, BLOCK_R)
-            ok = t < res_len
-            # fp32 operands (TF32 products, exact for bf16 values) for the <= ~128-token window: bf16 dots are wrong
-            # under the Triton interpreter (3.9), which CI runs.
-            k = tl.load(kr_base + t[:, None] * stride_rt + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-            v = tl.load(vr_base + t[:, None] * stride_vt + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISE) * scale_log2
-            s = tl.where(t[None, :] < limit[:, None], s, float("-inf"))
-            m, l, acc = _online_update(s, v, m, l, acc)
+        m, l, acc = _window_split(
+            Q, q_off, row_ok, kr, vr, stride_rt, stride_vt, res_len, r // GROUP, scale_log2, LQ, M, D, BLOCK_R
+        )
     out = (bh * (num_splits + 1) + split).to(tl.int64)
     # a quantized split's columns are in sigma's channel order (quant.packed.tl_maps)
+    d = tl.arange(0, D)
     col = tl.where(split < num_splits, _slot(d, D // 64), d)
     tl.store(PO + out * M * D + r[:, None] * D + col[None, :], acc)
     tl.store(PML + out * 2 * M + r, m)
