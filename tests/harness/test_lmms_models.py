@@ -114,3 +114,27 @@ def test_batch_size_answers_as_one_at_a_time():
         answers[size] = model.generate_until(requests())
         assert str(model.device) == "cpu"
     assert answers[3] == answers[1] and len(answers[1]) == 3
+
+
+@pytest.mark.parametrize("preset", ["together-oscar", "together-oscar-own-paper"])
+def test_together_oscar_answers_as_the_harness_does(preset):
+    """Together AI's OSCAR at both full-precision budgets through the plugin: its calibrated rotation is made from the
+    model the plugin loaded, the prompt outgrows the budget (tokens are packed), and the answer is the harness's own
+    for the same prompt."""
+    from harness import models
+    from harness.runner import answer
+    from tasks.contract import Generate
+
+    context = "Read the sign and say what it says. " + "The market opens at nine and closes at five. " * 60
+    docs = {"ocr": {"test": [{"image": Image.new("RGB", (40, 32), (200, 40, 40))}]}}
+    model = lmms.OscarEvalLMM(model="tiny-llava", quant=preset, max_new_tokens=6)
+    model.task_dict = docs
+    budget = model.method.sink_tokens + model.method.residual_length
+    assert (model.method.sink_tokens, model.method.residual_length) == ((64, 256) if "own" in preset else (0, 128))
+    got = model.generate_until([request("ocr", context, "image", {})])
+
+    prompt = lmms.to_prompt(context, [docs["ocr"]["test"][0]["image"]])
+    plugin = model.runner.run([Generate(prompt, 6)])[0]
+    assert plugin.input_tokens > budget + 128 and plugin.kv_bytes["quantized"] > 0  # past the budget: packed
+    own = answer(models.load("tiny-llava"), [prompt], preset, max_new_tokens=6)[0]
+    assert got == [own.text] and plugin.tokens == own.tokens
