@@ -293,11 +293,12 @@ SIGNIFICANT = 0.05  # a headline verdict says better or worse only below this p-
 
 def headline_table(ordered: list[tuple[tuple[str, str, str], list[dict[str, Any]]]]) -> Table | None:
     """One table for the README: each model of trained weights in its first table of the reading order (ordered:
-    (key, runs) sorted by reading_rank), the methods the paper compares, with quality, KV size and the paired verdict
-    against BF16 and against KIVI. The full tables, ablations and variants stay in LEADERBOARD.md; None without a
-    model that has two such methods."""
+    (key, runs) sorted by reading_rank) and its needle test where it has one, the methods the paper compares, with
+    quality, how close each stays to BF16's outputs, KV size and the paired verdict against BF16 and against KIVI.
+    The full tables, ablations and variants stay in LEADERBOARD.md; None without a model that has two such
+    methods."""
     rows = []
-    for key, runs in first_table_per_model(ordered):
+    for key, runs in headline_groups(ordered):
         shown = [r for r in runs if r["method"]["name"] in HEADLINE_METHODS]
         if len(shown) < 2:
             continue
@@ -313,6 +314,7 @@ def headline_table(ordered: list[tuple[tuple[str, str, str], list[dict[str, Any]
                     metric_header(runs).removesuffix(" (95% CI)") if i == 0 else "",
                     r["method"]["name"] + partial_tag(r) + (" (stale)" if r.get("_stale") else ""),
                     metric_cell(r["metrics"][metric]) if metric in r["metrics"] else "–",
+                    closeness_cell(bf16, r),
                     fmt(kv / 1024 if kv is not None else None, 4),
                     f"{kv_ref / kv:.2f}x" if kv and kv_ref else "–",
                 ]
@@ -320,21 +322,43 @@ def headline_table(ordered: list[tuple[tuple[str, str, str], list[dict[str, Any]
             )
     if not rows:
         return None
-    header = ["model · task", "metric", "method", "value (95% CI)", "KV KiB/item", "KV vs bf16"]
+    header = ["model · task", "metric", "method", "value (95% CI)", "as bf16", "KV KiB/item", "KV vs bf16"]
     header += [f"vs {name}" for name in HEADLINE_AGAINST]
     nowrap = (header.index("value (95% CI)"), *range(len(header) - len(HEADLINE_AGAINST), len(header)))
     return Table("Headline: the real models against BF16 and KIVI", header, rows, note=HEADLINE_NOTE, nowrap=nowrap)
 
 
-def first_table_per_model(ordered: list[tuple[tuple[str, str, str], list[dict[str, Any]]]]) -> list:
-    """(key, runs) of each model's first table in `ordered`: one table a model, the most decisive it has."""
-    seen: set[str] = set()
+def closeness_cell(bf16: dict[str, Any] | None, r: dict[str, Any]) -> str:
+    """How close a method stays to BF16's own outputs: 'KL 0.11 · top-1 83%' where the result has the distribution
+    metrics (ppl), else the share of items whose generated tokens equal BF16's ('same 45% of 40'); '–' for BF16
+    itself and where neither exists."""
+    if r is bf16:
+        return "–"
+    m = r["metrics"]
+    if "kl" in m and "top1" in m:
+        return f"KL {fmt(m['kl']['value'], 3)} · top-1 {percent(m['top1']['value'])}"
+    same = agreement_cells(bf16, r)[SAME_TOKENS]
+    return "–" if same == "–" else f"same {same}"
+
+
+def headline_groups(ordered: list[tuple[tuple[str, str, str], list[dict[str, Any]]]]) -> list:
+    """(key, runs) of each model's first table in `ordered` (the most decisive it has) and of its first needle test
+    (niah-*) when that is not the same table: the paper's two claims on text, quality and retrieval."""
+    seen: set[tuple[str, bool]] = set()
     out = []
     for key, runs in ordered:
-        if key[2] not in seen:
-            seen.add(key[2])
+        needle = key[0].startswith("niah-")
+        if (key[2], False) not in seen:
+            seen.add((key[2], False))
+            seen.add((key[2], needle))
             out.append((key, runs))
-    return out
+        elif needle and (key[2], True) not in seen:
+            seen.add((key[2], True))
+            out.append((key, runs))
+    first = {}
+    for key, _ in out:
+        first.setdefault(key[2], len(first))
+    return sorted(out, key=lambda kr: first[kr[0][2]])  # each model's two together, in the reading order
 
 
 def verdict(reference: dict[str, Any] | None, r: dict[str, Any], metric: str, shared: dict) -> str:
@@ -379,8 +403,11 @@ PAIRED_NOTE = (
     "`oscar-eval compare <reference> <method>` prints the same test with its interval."
 )
 HEADLINE_NOTE = (
-    "Each model's first table of results/LEADERBOARD.md, the methods the paper compares. value: the primary metric "
-    "and its 95% bootstrap interval; KV: the cache's bytes per item and BF16's over the method's; vs bf16, vs kivi: "
+    "Each model's first table of results/LEADERBOARD.md and its needle test, the methods the paper compares. value: "
+    "the primary metric and its 95% bootstrap interval; as bf16: how close the method stays to BF16's own outputs, "
+    "the mean KL(BF16 || method) per scored token in nats and the share of tokens whose most likely next token is "
+    "BF16's (perplexity), or the share of items whose generated tokens equal BF16's (generating tasks); KV: the "
+    "cache's bytes per item and BF16's over the method's; vs bf16, vs kivi: "
     "the paired bootstrap test over the items both hold (`oscar-eval compare`), the method's value minus the "
     "reference's and in brackets its p-value, called better or worse where p < 0.05 and n.s. (not separated) "
     "otherwise; (stale): computed by older code, LEADERBOARD.md says what changed."

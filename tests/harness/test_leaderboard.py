@@ -409,12 +409,18 @@ def test_the_headline_gives_each_real_model_its_verdict_against_bf16_and_kivi():
         "oscar-scaling-only": bf16,  # an ablation: the full tables' business, not the headline's
     }
 
-    def run(model, method):
+    def run(model, method, folder="handmade"):
         r = real(make_result(method, scores[method], model=model, kv_total=4000 if method == "bf16" else 500))
-        r["_path"] = f"results/runs/handmade/{model}/{method}.json"
+        r["_path"] = f"results/runs/{folder}/{model}/{method}.json"
+        for i, sample in enumerate(r["samples"]):  # oscar's answer leaves BF16's at item 0's second token
+            sample["tokens"] = [5, 6] if method == "bf16" or i else [5, 7]
         return r
 
     runs = [run("smollm2-135m", m) for m in scores] + [run("qwen2.5-0.5b", m) for m in ("bf16", "kivi")]
+    runs += [run("smollm2-135m", m, "niah-4k") for m in ("bf16", "oscar")]
+    for r in runs[:2]:  # perplexity's distance to BF16's distribution, where a result has it
+        r["metrics"]["kl"] = {**r["metrics"]["accuracy"], "value": 0.1097, "higher_is_better": False}
+        r["metrics"]["top1"] = {**r["metrics"]["accuracy"], "value": 0.8335}
     board = L.build_board(runs, None, {})
     h = board.headline
     assert h.header == [
@@ -422,17 +428,24 @@ def test_the_headline_gives_each_real_model_its_verdict_against_bf16_and_kivi():
         "metric",
         "method",
         "value (95% CI)",
+        "as bf16",
         "KV KiB/item",
         "KV vs bf16",
         "vs bf16",
         "vs kivi",
     ]
     methods = [row[2].removesuffix(" (stale)") for row in h.rows]  # hand-made results have no commit: stale
-    assert methods == ["bf16", "kivi", "bf16", "kivi", "oscar"]  # one block a model, no ablation
-    assert h.rows[0][:2] == ["handmade · qwen2.5-0.5b (generated data)", "accuracy ↑"] and h.rows[1][:2] == ["", ""]
-    kivi, oscar = h.rows[3], h.rows[4]
-    assert kivi[5] == "8.00x" and kivi[6].startswith("worse -") and kivi[7] == "–"
-    assert oscar[6].startswith("n.s. -") and oscar[7].startswith("better +")
+    # one block a model's first table (KL first in the reading order), then its needle test; no ablation
+    assert methods == ["bf16", "kivi", "oscar", "bf16", "oscar", "bf16", "kivi"]
+    assert h.rows[0][0] == "handmade · smollm2-135m (generated data)" and h.rows[1][:2] == ["", ""]
+    assert h.rows[3][0] == "niah-4k · smollm2-135m (generated data)"
+    assert h.rows[5][:2] == ["handmade · qwen2.5-0.5b (generated data)", "accuracy ↑"]
+    kivi, oscar = h.rows[1], h.rows[2]
+    assert kivi[4] == "KL 0.11 · top-1 83%" and h.rows[0][4] == "–"  # BF16 against itself: nothing to show
+    assert oscar[4] == "same 96% of 24"  # no distribution metrics: the items whose tokens equal BF16's
+    assert h.rows[4][4] == "same 96% of 24"
+    assert kivi[6] == "8.00x" and kivi[7].startswith("worse -") and kivi[8] == "–"
+    assert oscar[7].startswith("n.s. -") and oscar[8].startswith("better +")
     readme = L.markdown(board, short=True)
     assert h.title in readme and "### handmade" not in readme  # the headline, never the full tables
 
