@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import gc
 import importlib
+import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,11 +39,14 @@ class Native:
     cls: str
     name: str  # the name lmms-eval registers it under (--model)
     max_batch: int | None  # None: any
+    needs: tuple[str, ...] = ()  # modules the class needs beyond lmms-eval's own (its processor's parts)
 
 
 # lmms-eval's own class for each family that has one
 NATIVE = {
-    "qwen3_vl": Native("lmms_eval.models.simple.qwen3_vl", "Qwen3_VL", "qwen3_vl", None),
+    # AutoProcessor builds Qwen3-VL's video processor, which needs torchvision (never on a CPU machine: its CUDA build
+    # breaks transformers there)
+    "qwen3_vl": Native("lmms_eval.models.simple.qwen3_vl", "Qwen3_VL", "qwen3_vl", None, ("torchvision",)),
     "llava": Native("lmms_eval.models.simple.llava_hf", "LlavaHf", "llava_hf", 1),
 }
 PLUGIN = {"qwen3_vl": "OscarQwen3VL", "llava": "OscarLlava"}
@@ -83,12 +87,22 @@ def save_checkpoint(model: str, folder: Path, device: str, seed: int = 0) -> Pat
         print(f"saving {model}'s random weights (seed {seed}) to {folder}", flush=True)
         adapter = M.load(model, weights="random", device=device, seed=seed)
         adapter.model.save_pretrained(tmp)
-        adapter.processor.save_pretrained(tmp)
+        save_processor(adapter.processor, tmp)
         (tmp / COMPLETE_MARKER).touch()
 
     ensure_built(folder.name, build, root=folder.parent)
     _release()
     return folder
+
+
+def save_processor(processor, folder: Path) -> None:
+    """processor.save_pretrained, leaving out the parts this machine's transformers could not build (Qwen3-VL's video
+    processor needs torchvision, which a CPU machine must not install): transformers' save reads every part the
+    processor class declares, and fails on a missing one."""
+    present = [n for n in processor.get_attributes() if getattr(processor, n, None) is not None]
+    if len(present) < len(processor.get_attributes()):
+        processor.get_attributes = lambda: present  # this object only: the adapter that holds it is dropped after
+    processor.save_pretrained(folder)
 
 
 def instances(model: str, task_name: str, data: str, limit: int, max_new_tokens: int | None):
@@ -162,6 +176,21 @@ def _release() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def check_native(native: Native) -> None:
+    """The native class imports here, with what it needs: checked before a checkpoint is saved or a model loads, and
+    named when it does not (lmms-eval's registry imports `evaluate`, hence `datasets` and pyarrow)."""
+    missing = [m for m in native.needs if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f"lmms-eval's {native.name} class needs {', '.join(missing)}, which is not installed here")
+    try:
+        importlib.import_module(native.module)
+    except ImportError as err:
+        raise SystemExit(
+            f"lmms-eval's {native.name} class does not import here ({type(err).__name__}: {err}); install "
+            "lmms-eval with its dependencies: pip install lmms-eval==0.7.3"
+        ) from err
 
 
 def _native(family: str, folder: Path, device: str, batch: int):
@@ -250,6 +279,7 @@ def run_eval(args) -> dict[str, Any]:
             f"--eval-model {model}: family {family!r} has no native lmms-eval class here; "
             f"pick a model of {sorted(NATIVE)}"
         )
+    check_native(NATIVE[family])
     device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
     folder = Path(args.eval_checkpoint or cache_root() / "checkpoints" / f"{model}-seed{args.eval_seed}")
     save_checkpoint(model, folder, device, args.eval_seed)

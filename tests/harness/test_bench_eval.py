@@ -68,3 +68,32 @@ def test_the_timed_span_excludes_the_untimed_first_batch():
     row = harnesses.time_system(Fake, list(range(5)), [], 2, "cpu", lambda lm, c: None)
     assert calls == [2, 5] and row["answers"] == ["x"] * 5
     assert row["items_per_s"] == pytest.approx(5 / row["wall_s"])
+
+
+def test_a_native_class_that_cannot_run_here_is_named_before_anything_loads(monkeypatch):
+    """Qwen3-VL's native class needs torchvision (its processor's video part), which a CPU machine must not have;
+    a module that does not import names the error and the install."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchvision" else real(name, *a))
+    with pytest.raises(SystemExit, match="qwen3_vl class needs torchvision"):
+        harnesses.check_native(harnesses.NATIVE["qwen3_vl"])
+    broken = harnesses.Native("no_such_module.anywhere", "X", "x", None)
+    with pytest.raises(SystemExit, match=r"x class does not import here \(ModuleNotFoundError.*pip install lmms-eval"):
+        harnesses.check_native(broken)
+    harnesses.check_native(harnesses.NATIVE["llava"])  # installed by make setup: passes
+
+
+def test_a_processor_without_its_video_part_is_saved_with_the_rest(tmp_path):
+    """A processor built without torchvision lacks Qwen3-VL's video processor; the checkpoint keeps the tokenizer,
+    the image processor's settings and the chat template."""
+    from harness import models
+
+    adapter = models.load("tiny-qwen3-vl")
+    if adapter.processor.video_processor is not None:
+        pytest.skip("torchvision is installed here: the processor has its video part")
+    harnesses.save_processor(adapter.processor, tmp_path)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"tokenizer.json", "chat_template.jinja", "processor_config.json"} <= names
+    assert '"image_processor"' in (tmp_path / "processor_config.json").read_text()
